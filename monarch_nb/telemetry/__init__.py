@@ -1,0 +1,7 @@
+"""Telemetry: typed events, and the store that keeps them in memory and on disk."""
+
+from .events import *  # noqa: F401,F403
+from .events import Event, event_from_dict, event_kinds
+from .store import EventStore
+
+__all__ = ["Event", "EventStore", "event_from_dict", "event_kinds"]
