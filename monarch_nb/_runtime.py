@@ -1,0 +1,71 @@
+"""Process-wide Monarch setup that must happen before ``monarch`` is first imported.
+
+Workers inherit the controller's environment, so the supervision poll (Monarch's default
+is 10 s; 1 s gives ~1 s failure detection) and gloo's loopback interface are set here once.
+Monarch's default ``unhandled_fault_hook`` exits the client (it would kill the notebook
+kernel when any worker dies); we replace it with a dispatcher that fans failures out to
+listeners and always returns normally, which tells Monarch the fault was handled.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import Any, Callable
+
+DEFAULT_ENV = {
+    "HYPERACTOR_MESH_SUPERVISION_POLL_FREQUENCY": "1s",
+    "GLOO_SOCKET_IFNAME": "lo",
+}
+
+FaultListener = Callable[[Any], None]
+_listeners: list[FaultListener] = []
+_lock = threading.Lock()
+_installed = False
+
+
+def configure_environment() -> None:
+    """Set defaults the user has not set; an explicit environment variable wins."""
+    for key, value in DEFAULT_ENV.items():
+        os.environ.setdefault(key, value)
+
+
+def _dispatch(failure: Any) -> None:
+    with _lock:
+        listeners = list(_listeners)
+    for listener in listeners:
+        try:
+            listener(failure)
+        except Exception:  # a broken listener must never take the controller down
+            pass
+
+
+def install_fault_hook() -> None:
+    global _installed
+    configure_environment()
+    import monarch.actor
+
+    with _lock:
+        if _installed:
+            return
+        monarch.actor.unhandled_fault_hook = _dispatch
+        import monarch._src.actor.supervision as supervision
+
+        supervision.unhandled_fault_hook = _dispatch
+        _installed = True
+
+
+def add_fault_listener(listener: FaultListener) -> Callable[[], None]:
+    install_fault_hook()
+    with _lock:
+        _listeners.append(listener)
+
+    def remove() -> None:
+        with _lock:
+            if listener in _listeners:
+                _listeners.remove(listener)
+
+    return remove
+
+
+configure_environment()

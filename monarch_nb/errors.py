@@ -1,0 +1,53 @@
+"""Errors the controller raises: each names what went wrong and what to do about it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class MonarchNbError(Exception):
+    """Base class for monarch_nb errors."""
+
+
+class UnknownMeshError(MonarchNbError, KeyError):
+    def __init__(self, name: str, known: list[str], what: str = "mesh") -> None:
+        self.name, self.known = name, known
+        listing = ", ".join(sorted(known)) if known else f"none (start one with %monarch up)"
+        super().__init__(f"no {what} named {name!r}; known {what}es: {listing}")
+
+    def __str__(self) -> str:  # KeyError would add quotes
+        return self.args[0]
+
+
+class SliceError(MonarchNbError, ValueError):
+    """A slice that does not fit the mesh; names the mesh's shape."""
+
+
+class CallTimeout(MonarchNbError, TimeoutError):
+    """Some ranks did not answer before the deadline; ``partial`` holds the answers that came."""
+
+    def __init__(self, endpoint: str, missing_ranks: list[int], timeout: float,
+                 partial: dict[int, Any] | None = None, failed_ranks: list[int] | None = None) -> None:
+        self.endpoint = endpoint
+        self.missing_ranks = missing_ranks
+        self.failed_ranks = failed_ranks or []
+        self.timeout = timeout
+        self.partial = partial or {}
+        dead = f" (known failed: {self.failed_ranks})" if self.failed_ranks else ""
+        super().__init__(
+            f"{endpoint}: ranks {missing_ranks} did not answer within {timeout:g} s{dead}; "
+            "check `%monarch status`, replace a failed mesh with `%monarch replace NAME`, "
+            "or pass a longer timeout"
+        )
+
+
+class RemoteError(MonarchNbError):
+    """One or more ranks raised; ``errors`` maps rank -> exception, ``results`` the rest."""
+
+    def __init__(self, endpoint: str, errors: dict[int, BaseException], results: dict[int, Any]) -> None:
+        self.endpoint, self.errors, self.results = endpoint, errors, results
+        first_rank = min(errors)
+        super().__init__(
+            f"{endpoint} raised on ranks {sorted(errors)}; rank {first_rank}: "
+            f"{type(errors[first_rank]).__name__}: {errors[first_rank]}"
+        )

@@ -1,0 +1,133 @@
+"""What the controller knows about one process mesh: its shape, processes and their health.
+
+A ``MeshHandle`` wraps a real Monarch ``ProcMesh`` (and, for multi-host meshes, the job
+that owns its hosts). Health is kept per process: Monarch supervision marks a rank failed
+(see ``Session``), and ``refresh()`` also checks local pids, so ``status`` is truthful
+even for a process that died while nothing was calling it.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import psutil
+
+ALIVE, FAILED, STOPPED = "alive", "failed", "stopped"
+
+
+@dataclass
+class ProcInfo:
+    rank: int
+    coords: dict[str, int]
+    pid: int | None = None
+    host: str | None = None
+    state: str = ALIVE
+    reason: str = ""
+    failed_at: float | None = None
+
+    @property
+    def label(self) -> str:
+        return ",".join(f"{k}={v}" for k, v in self.coords.items())
+
+
+@dataclass(frozen=True)
+class ActorSpec:
+    """How an actor mesh was spawned, so ``replace`` can spawn it again on a fresh mesh."""
+
+    name: str
+    cls: type
+    args: tuple
+    kwargs: dict
+
+
+def coords_of(rank: int, shape: dict[str, int]) -> dict[str, int]:
+    coords: dict[str, int] = {}
+    for dim, size in reversed(list(shape.items())):
+        coords[dim] = rank % size
+        rank //= size
+    return dict(reversed(list(coords.items())))
+
+
+def rank_of(coords: dict[str, int], shape: dict[str, int]) -> int:
+    rank = 0
+    for dim, size in shape.items():
+        rank = rank * size + coords.get(dim, 0)
+    return rank
+
+
+@dataclass
+class MeshHandle:
+    name: str
+    shape: dict[str, int]
+    proc_mesh: Any
+    job: Any = None
+    env: dict[str, str] | None = None
+    procs: list[ProcInfo] = field(default_factory=list)
+    actors: dict[str, Any] = field(default_factory=dict)
+    actor_specs: dict[str, ActorSpec] = field(default_factory=dict)
+    actor_full_names: dict[str, str] = field(default_factory=dict)
+    agent: Any = None
+    started_at: float = field(default_factory=time.time)
+    stopped: bool = False
+
+    @property
+    def size(self) -> int:
+        n = 1
+        for v in self.shape.values():
+            n *= v
+        return n
+
+    @property
+    def failed_ranks(self) -> list[int]:
+        return [p.rank for p in self.procs if p.state == FAILED]
+
+    @property
+    def healthy_ranks(self) -> list[int]:
+        return [p.rank for p in self.procs if p.state == ALIVE]
+
+    @property
+    def state(self) -> str:
+        if self.stopped:
+            return STOPPED
+        failed = len(self.failed_ranks)
+        return "healthy" if failed == 0 else ("failed" if failed == self.size else "degraded")
+
+    def mark_failed(self, rank: int, reason: str) -> bool:
+        """Mark one rank failed; False if it already was (the hook fires more than once per death)."""
+        if not 0 <= rank < len(self.procs):
+            return False
+        proc = self.procs[rank]
+        if proc.state != ALIVE:
+            return False
+        proc.state, proc.reason, proc.failed_at = FAILED, reason, time.time()
+        return True
+
+    def refresh(self) -> list[int]:
+        """Check local pids; returns ranks newly found dead."""
+        local = socket.gethostname()
+        dead = []
+        for proc in self.procs:
+            if proc.state == ALIVE and proc.pid and proc.host == local and not _pid_alive(proc.pid):
+                if self.mark_failed(proc.rank, "process is gone (found by pid check)"):
+                    dead.append(proc.rank)
+        return dead
+
+    def _repr_html_(self) -> str:
+        from .notebook.html import mesh_html
+
+        return mesh_html(self)
+
+    def __repr__(self) -> str:
+        dims = ", ".join(f"{k}={v}" for k, v in self.shape.items())
+        return f"<MeshHandle {self.name!r} ({dims}) {self.state}>"
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        proc = psutil.Process(pid)
+        return proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False

@@ -1,0 +1,143 @@
+"""HTML views of controller objects for the notebook: meshes, health, per-rank results.
+
+Plain HTML strings (no JavaScript) so they render the same in JupyterLab, in a saved
+notebook, and in a CI artifact. Health is shown by colour *and* by a word, for readers
+who cannot tell the colours apart.
+"""
+
+from __future__ import annotations
+
+import html
+from typing import TYPE_CHECKING, Any, Iterable
+
+if TYPE_CHECKING:
+    from ..agent import CellOutput
+    from ..calls import MeshResult
+    from ..meshes import MeshHandle
+    from ..session import Session
+
+COLOURS = {"alive": "#1b7f3b", "healthy": "#1b7f3b", "failed": "#b3261e", "degraded": "#b86e00",
+           "stopped": "#6b6b6b", "missing": "#b86e00", "error": "#b3261e", "ok": "#1b7f3b"}
+_TABLE = "border-collapse:collapse;font-family:monospace;font-size:12px"
+_CELL = "border:1px solid #ccc;padding:2px 6px;text-align:left"
+
+
+def esc(value: Any) -> str:
+    return html.escape(str(value))
+
+
+def badge(state: str) -> str:
+    colour = COLOURS.get(state, "#444")
+    return (f'<span class="mnb-state mnb-{esc(state)}" style="color:white;background:{colour};'
+            f'padding:0 6px;border-radius:3px">{esc(state)}</span>')
+
+
+def table(headers: Iterable[str], rows: Iterable[Iterable[str]], cls: str = "") -> str:
+    head = "".join(f'<th style="{_CELL}">{esc(h)}</th>' for h in headers)
+    body = "".join("<tr>" + "".join(f'<td style="{_CELL}">{c}</td>' for c in row) + "</tr>" for row in rows)
+    return f'<table class="{cls}" style="{_TABLE}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
+
+
+def mesh_html(handle: "MeshHandle") -> str:
+    dims = " × ".join(f"{k}={v}" for k, v in handle.shape.items())
+    rows = [
+        [esc(p.rank), esc(p.label), badge(p.state), esc(p.pid or "?"), esc(p.host or "?"), esc(p.reason)]
+        for p in handle.procs
+    ]
+    actors = ", ".join(esc(a) for a in handle.actors if not a.startswith("_nb_")) or "none"
+    return (f'<div class="mnb-mesh"><b>mesh {esc(handle.name)}</b> ({esc(dims)}) {badge(handle.state)}'
+            f' &middot; actors: {actors}'
+            + table(["rank", "coords", "health", "pid", "host", "reason"], rows, "mnb-procs") + "</div>")
+
+
+def session_html(session: "Session") -> str:
+    handles = session.status()
+    if not handles:
+        return '<div class="mnb-session">no meshes are up; start one with <code>%monarch up --procs 4</code></div>'
+    return '<div class="mnb-session">' + "".join(mesh_html(h) for h in handles) + "</div>"
+
+
+def mesh_result_html(result: "MeshResult") -> str:
+    rows = []
+    for rank in result.ranks:
+        if rank in result.values:
+            rows.append([esc(rank), badge("ok"), esc(_short(repr(result.values[rank])))])
+        elif rank in result.errors:
+            err = result.errors[rank]
+            rows.append([esc(rank), badge("error"), esc(f"{type(err).__name__}: {err}")])
+        else:
+            rows.append([esc(rank), badge("missing"), "no answer before the deadline"])
+    return (f'<div class="mnb-result"><b>{esc(result.endpoint)}</b> &middot; {len(result.values)}/{len(result.ranks)} '
+            f'answered in {result.seconds * 1000:.1f} ms' + table(["rank", "outcome", "value"], rows) + "</div>")
+
+
+def value_mesh_html(value_mesh: Any) -> str:
+    rows = []
+    for point, value in value_mesh.items():
+        coords = ", ".join(f"{k}={point[k]}" for k in point.keys()) if hasattr(point, "keys") else str(point)
+        rows.append([esc(point.rank if hasattr(point, "rank") else "?"), esc(coords), esc(_short(repr(value)))])
+    dims = " × ".join(f"{k}={v}" for k, v in value_mesh.sizes.items()) if hasattr(value_mesh, "sizes") else ""
+    return f'<div class="mnb-valuemesh"><b>ValueMesh</b> ({esc(dims)})' + table(["rank", "coords", "value"], rows) + "</div>"
+
+
+def proc_mesh_html(proc_mesh: Any) -> str:
+    from ..session import current_session
+
+    session = current_session(create=False)
+    if session is not None:
+        for handle in session.status():
+            if handle.proc_mesh is proc_mesh:
+                return mesh_html(handle)
+    extent = proc_mesh.extent
+    dims = " × ".join(f"{k}={v}" for k, v in zip(extent.labels, extent.sizes))
+    return f'<div class="mnb-mesh"><b>ProcMesh</b> ({esc(dims)})</div>'
+
+
+def actor_mesh_html(actor_mesh: Any) -> str:
+    from ..session import current_session
+
+    extent = actor_mesh.extent
+    dims = " × ".join(f"{k}={v}" for k, v in zip(extent.labels, extent.sizes))
+    name = getattr(actor_mesh, "_mesh_name", "?")
+    cls = getattr(getattr(actor_mesh, "_class", None), "__name__", "?")
+    health = ""
+    session = current_session(create=False)
+    if session is not None:
+        owner = session._owner_of(actor_mesh)
+        if owner is not None:
+            ranks = list(actor_mesh._ndslice)
+            failed = [r for r in ranks if r in owner.failed_ranks]
+            health = " " + badge("degraded" if failed else "healthy") + (f" failed ranks {failed}" if failed else "")
+            health += f" on mesh <b>{esc(owner.name)}</b>"
+    return f'<div class="mnb-actormesh"><b>ActorMesh {esc(name)}</b> [{esc(cls)}] ({esc(dims)}){health}</div>'
+
+
+def cell_outputs_html(outputs: "list[CellOutput]", missing: list[int], coords: dict[int, str]) -> str:
+    parts = []
+    for out in sorted(outputs, key=lambda o: o.rank):
+        state = "error" if out.error else "ok"
+        body = ""
+        if out.stdout:
+            body += f'<pre class="mnb-stdout" style="margin:0">{esc(out.stdout)}</pre>'
+        if out.stderr:
+            body += f'<pre class="mnb-stderr" style="margin:0;background:#fdd">{esc(out.stderr)}</pre>'
+        if out.result is not None:
+            body += f'<pre class="mnb-value" style="margin:0">Out: {esc(out.result)}</pre>'
+        if out.error:
+            body += f'<pre class="mnb-error" style="margin:0;color:#b3261e">{esc(out.traceback or out.error)}</pre>'
+        parts.append(f'<div class="mnb-rank" data-rank="{out.rank}"><b>[rank {out.rank}]</b> '
+                     f'<span style="color:#666">{esc(coords.get(out.rank, ""))}</span> {badge(state)}{body}</div>')
+    for rank in missing:
+        parts.append(f'<div class="mnb-rank" data-rank="{rank}"><b>[rank {rank}]</b> {badge("missing")} '
+                     "no answer (failed or past the deadline)</div>")
+    return '<div class="mnb-cell">' + "".join(parts) + "</div>"
+
+
+def failure_html(mesh: str, rank: int | None, reason: str) -> str:
+    return (f'<div class="mnb-failure" style="border-left:4px solid #b3261e;padding:2px 8px">'
+            f'{badge("failed")} mesh <b>{esc(mesh)}</b> rank <b>{esc(rank)}</b>: {esc(reason)} '
+            f'&middot; <code>%monarch replace {esc(mesh)}</code> starts a fresh mesh</div>')
+
+
+def _short(text: str, limit: int = 300) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"

@@ -1,0 +1,438 @@
+"""The single controller: the one object a notebook kernel (or a plain script) holds.
+
+A ``Session`` brings up Monarch process meshes by name, spawns real Monarch actor meshes
+on them, keeps per-process health from Monarch supervision, calls endpoints with
+deadlines, and shuts everything down without leaving a process behind. It never wraps
+Monarch's own objects: ``spawn`` returns the real ``ActorMesh`` and ``up`` exposes the
+real ``ProcMesh``, so Monarch's adverbs and slicing work unchanged. What Monarch lacks
+for interactive use lives here: names, health, deadlines, failure events, replacement.
+"""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import logging
+import os
+import re
+import socket
+import threading
+import time
+import weakref
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+from . import _runtime
+from .calls import MeshResult, gather, raise_for_outcome
+from .errors import CallTimeout, MonarchNbError, UnknownMeshError
+from .meshes import ALIVE, ActorSpec, MeshHandle, ProcInfo, coords_of
+from .reaper import Reaper
+from .telemetry import EventStore
+from .telemetry.events import CallTimedOut, MeshDown, MeshUp, WorkerFailed
+
+log = logging.getLogger(__name__)
+
+FailureListener = Callable[[WorkerFailed], None]
+_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.]*$")
+_AGENT_PREFIX = "_nb_agent_"
+_sessions: "list[weakref.ref[Session]]" = []
+
+
+def runs_root() -> Path:
+    """Where run and session logs go: ``$MONARCH_NB_RUNS`` or ``./runs``."""
+    return Path(os.environ.get("MONARCH_NB_RUNS", "runs")).resolve()
+
+
+def _apply_env(env: dict[str, str]) -> None:
+    """Bootstrap hook run in each new worker process before any actor starts."""
+    os.environ.update(env)
+
+
+def _parse_failure(failure: Any) -> tuple[str, list[int], str]:
+    text = str(failure)
+    name = getattr(failure, "mesh_name", "") or ""
+    match = re.search(r"crashed_ranks=\[([0-9, ]*)\]", text)
+    ranks = [int(r) for r in match.group(1).split(",") if r.strip()] if match else []
+    reason = text.split("failed:", 1)[-1].strip()
+    if "Traceback" in reason:
+        # An exception escaped the actor: its last line says what it was.
+        lines = [ln.strip() for ln in reason.splitlines() if ln.strip() and not ln.strip().startswith("File ")]
+        reason = "exception escaped the actor: " + (lines[-1] if lines else "unknown")
+    if reason.endswith(")") and reason.count(")") > reason.count("("):
+        reason = reason[:-1]  # the closing parenthesis of "MeshFailure(...)"
+    reason = " ".join(reason.split())
+    return name, ranks, reason[:500]
+
+
+class Session:
+    """Holds process meshes and actor meshes by name; see the module docstring."""
+
+    def __init__(self, *, default_timeout: float = 60.0, events: EventStore | None = None,
+                 log_dir: str | Path | None = None) -> None:
+        _runtime.install_fault_hook()
+        self.default_timeout = default_timeout
+        if events is None:
+            stamp = time.strftime("%Y%m%d-%H%M%S")
+            log_dir = Path(log_dir) if log_dir else runs_root() / "sessions" / f"{stamp}-{os.getpid()}-{id(self):x}"
+            events = EventStore(log_dir / "events.jsonl")
+        self.events = events
+        self.meshes: dict[str, MeshHandle] = {}
+        self._actor_owner: dict[str, str] = {}
+        self._listeners: list[FailureListener] = []
+        self._lock = threading.RLock()
+        self._reaper = Reaper()
+        self._closed = False
+        self._remove_hook = _runtime.add_fault_listener(self._on_fault)
+        atexit.register(self.shutdown)
+        _sessions.append(weakref.ref(self))
+
+    # ---- meshes -----------------------------------------------------------------------
+
+    def up(self, name: str = "main", procs: int = 1, hosts: int = 1, *, env: dict[str, str] | None = None,
+           host_mesh: Any = None, timeout: float | None = None) -> MeshHandle:
+        """Start a proc mesh of ``procs`` processes per host.
+
+        ``hosts > 1`` runs each host as a separate local process through Monarch's
+        ``ProcessJob`` (a multi-host mesh on one machine). For real clusters pass
+        ``host_mesh=`` from a Monarch job, e.g. ``SlurmJob(...).state().hosts``.
+        """
+        self._check_open()
+        if not isinstance(name, str) or not _NAME_RE.match(name):
+            raise ValueError(f"mesh name {name!r} is not valid: use letters, digits, '_' or '.', not starting with a digit")
+        if not isinstance(procs, int) or procs < 1:
+            raise ValueError(f"procs must be a positive integer, got {procs!r}")
+        if not isinstance(hosts, int) or hosts < 1:
+            raise ValueError(f"hosts must be a positive integer, got {hosts!r}")
+        with self._lock:
+            if name in self.meshes:
+                raise MonarchNbError(f"a mesh named {name!r} is already up; stop it with `%monarch down {name}` "
+                                     f"or replace it with `%monarch replace {name}`")
+        from monarch.actor import this_host
+
+        started = time.monotonic()
+        job = None
+        if host_mesh is None and hosts > 1:
+            from monarch.job import ProcessJob
+
+            job = ProcessJob({"hosts": hosts}, env=env)
+            host_mesh = job.state(cached_path=None).hosts
+        elif host_mesh is None:
+            host_mesh = this_host()
+        bootstrap = functools.partial(_apply_env, dict(env)) if env else None
+        proc_mesh = host_mesh.spawn_procs(per_host={"gpus": procs}, bootstrap=bootstrap, name=name)
+        shape = {k: int(v) for k, v in zip(proc_mesh.extent.labels, proc_mesh.extent.sizes)}
+        handle = MeshHandle(name=name, shape=shape, proc_mesh=proc_mesh, job=job, env=env)
+        handle.procs = [ProcInfo(rank=r, coords=coords_of(r, shape)) for r in range(handle.size)]
+        with self._lock:
+            self.meshes[name] = handle
+        try:
+            from .agent import ProcAgent
+
+            handle.agent = self._spawn_on(handle, _AGENT_PREFIX + name, ProcAgent, (), {})
+            ids = raise_for_outcome(gather(handle.agent.identity, (), {}, list(range(handle.size)),
+                                           timeout or self.default_timeout), timeout or self.default_timeout)
+            for rank, ident in ids:
+                handle.procs[rank].pid, handle.procs[rank].host = ident.pid, ident.host
+        except BaseException:
+            self.down(name)
+            raise
+        guard = [p.pid for p in handle.procs if p.pid]
+        if job is not None:
+            guard += [state.pid for state in getattr(job, "_host_to_pid", {}).values()]
+        self._reaper.guard(guard)
+        self.events.append(MeshUp(mesh=name, shape=shape, seconds=time.monotonic() - started))
+        return handle
+
+    def mesh(self, name: str | None = None) -> MeshHandle:
+        """The mesh called ``name``; with no name, the only mesh (or the one called 'main')."""
+        with self._lock:
+            if name is None:
+                if len(self.meshes) == 1:
+                    return next(iter(self.meshes.values()))
+                if "main" in self.meshes:
+                    return self.meshes["main"]
+                if not self.meshes:
+                    raise UnknownMeshError("main", [])
+                raise MonarchNbError(f"several meshes are up ({', '.join(sorted(self.meshes))}); name one with --mesh NAME")
+            if name not in self.meshes:
+                raise UnknownMeshError(name, list(self.meshes))
+            return self.meshes[name]
+
+    def spawn(self, name: str, actor_class: type, *args: Any, mesh: str | None = None, **kwargs: Any) -> Any:
+        """Spawn ``actor_class`` on every process of a mesh; returns Monarch's real ActorMesh."""
+        self._check_open()
+        if not isinstance(name, str) or not _NAME_RE.match(name) or name.startswith(_AGENT_PREFIX):
+            raise ValueError(f"actor name {name!r} is not valid: use letters, digits, '_' or '.'")
+        handle = self.mesh(mesh)
+        with self._lock:
+            if name in self._actor_owner:
+                raise MonarchNbError(f"an actor mesh named {name!r} already exists on mesh "
+                                     f"{self._actor_owner[name]!r}; pick another name")
+        actors = self._spawn_on(handle, name, actor_class, args, kwargs)
+        handle.actor_specs[name] = ActorSpec(name, actor_class, args, kwargs)
+        return actors
+
+    def actors(self, name: str) -> Any:
+        with self._lock:
+            if name not in self._actor_owner:
+                raise UnknownMeshError(name, [n for n in self._actor_owner if not n.startswith(_AGENT_PREFIX)], "actor mesh")
+            return self.meshes[self._actor_owner[name]].actors[name]
+
+    def _spawn_on(self, handle: MeshHandle, name: str, cls: type, args: tuple, kwargs: dict) -> Any:
+        actors = handle.proc_mesh.spawn(name, cls, *args, **kwargs)
+        with self._lock:
+            handle.actors[name] = actors
+            self._actor_owner[name] = handle.name
+        try:  # Monarch's unique name ("trainer-3kEBefMLoHR") tells stale failure reports apart
+            handle.actor_full_names[name] = actors._name.get(timeout=10)
+        except Exception:
+            pass
+        return actors
+
+    def replace(self, name: str, timeout: float | None = None) -> MeshHandle:
+        """Stop a (failed) mesh and start a fresh one of the same shape, respawning its actors.
+
+        Monarch cannot spawn onto a damaged proc mesh (it times out), so replacement is
+        always a new proc mesh; actor meshes get the same names, class and arguments.
+        """
+        old = self.mesh(name)
+        specs = list(old.actor_specs.values())
+        procs = old.shape.get("gpus", 1)
+        hosts = old.shape.get("hosts", 1)
+        self.down(name)
+        new = self.up(name, procs=procs, hosts=hosts, env=old.env, timeout=timeout)
+        for spec in specs:
+            self.spawn(spec.name, spec.cls, *spec.args, mesh=name, **spec.kwargs)
+        return new
+
+    def down(self, name: str | None = None, timeout: float = 10.0) -> None:
+        """Stop one mesh, or every mesh with no name. Idempotent; quick even for dead meshes."""
+        with self._lock:
+            names = [name] if name is not None else list(self.meshes)
+            if name is not None and name not in self.meshes:
+                raise UnknownMeshError(name, list(self.meshes))
+        for mesh_name in names:
+            with self._lock:
+                handle = self.meshes.pop(mesh_name, None)
+                if handle is None:
+                    continue
+                for actor in handle.actors:
+                    self._actor_owner.pop(actor, None)
+            self._stop(handle, timeout)
+            self.events.append(MeshDown(mesh=mesh_name))
+
+    def _stop(self, handle: MeshHandle, timeout: float) -> None:
+        handle.stopped = True
+        try:
+            handle.proc_mesh.stop().get(timeout=timeout)
+        except Exception as exc:  # a damaged mesh may fail to stop cleanly; the pids are checked below
+            log.debug("stopping mesh %s: %s", handle.name, exc)
+        if handle.job is not None:
+            try:
+                handle.job.kill()
+            except Exception as exc:
+                log.debug("killing job of %s: %s", handle.name, exc)
+        local = socket.gethostname()
+        _ensure_gone([p.pid for p in handle.procs if p.pid and p.host == local], timeout)
+        for proc in handle.procs:
+            if proc.state == ALIVE:
+                proc.state = "stopped"
+
+    def status(self) -> list[MeshHandle]:
+        """Every mesh, with health refreshed (pid checks catch deaths nobody has called into)."""
+        with self._lock:
+            handles = list(self.meshes.values())
+        for handle in handles:
+            for rank in handle.refresh():
+                self._record_failure(handle, rank, handle.procs[rank].reason, notify_only=True)
+        return handles
+
+    # ---- calls with deadlines ----------------------------------------------------------
+
+    def deadline(self, actors: Any, timeout: float | None = None) -> "DeadlineMesh":
+        """A view of ``actors`` whose endpoints take Monarch's adverbs but never wait past ``timeout``.
+
+        ``session.deadline(trainers, 5).step.call(batch)`` returns a ``MeshResult`` or
+        raises ``CallTimeout`` naming the ranks that did not answer.
+        """
+        return DeadlineMesh(self, actors, self.default_timeout if timeout is None else timeout)
+
+    def _owner_of(self, actors: Any) -> MeshHandle | None:
+        with self._lock:
+            owner = self._actor_owner.get(getattr(actors, "_mesh_name", ""))
+            return self.meshes.get(owner) if owner else None
+
+    # ---- failures ----------------------------------------------------------------------
+
+    def on_failure(self, listener: FailureListener) -> Callable[[], None]:
+        """Call ``listener(WorkerFailed)`` on every newly failed rank (on Monarch's thread: be quick)."""
+        with self._lock:
+            self._listeners.append(listener)
+
+        def remove() -> None:
+            with self._lock:
+                if listener in self._listeners:
+                    self._listeners.remove(listener)
+
+        return remove
+
+    def _on_fault(self, failure: Any) -> None:
+        actor_full_name, ranks, reason = _parse_failure(failure)
+        base = actor_full_name.rsplit("-", 1)[0]
+        with self._lock:
+            owner = self.meshes.get(self._actor_owner.get(base, ""))
+            if owner is not None:
+                known = owner.actor_full_names.get(base)
+                if known is not None and known != actor_full_name:
+                    owner = None  # a late report about an actor mesh we already replaced
+            handles = list(self.meshes.values())
+        if owner is not None:
+            for rank in ranks:
+                if owner.mark_failed(rank, reason):
+                    self._record_failure(owner, rank, reason)
+            return
+        # Monarch's internal meshes (e.g. its logger) report too; find the dead pid ourselves.
+        for handle in handles:
+            for rank in handle.refresh():
+                self._record_failure(handle, rank, reason)
+
+    def _record_failure(self, handle: MeshHandle, rank: int, reason: str, notify_only: bool = False) -> None:
+        event = WorkerFailed(mesh=handle.name, rank=rank, reason=reason)
+        self.events.append(event)
+        with self._lock:
+            listeners = list(self._listeners)
+        for listener in listeners:
+            try:
+                listener(event)
+            except Exception:
+                log.exception("failure listener raised")
+
+    # ---- lifecycle ---------------------------------------------------------------------
+
+    def shutdown(self) -> None:
+        """Stop every mesh and the reaper; safe to call twice (it also runs at interpreter exit)."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self.down()
+        finally:
+            self._remove_hook()
+            self._reaper.close()
+            self.events.close()
+            atexit.unregister(self.shutdown)
+
+    close = shutdown
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise MonarchNbError("this session is shut down; create a new monarch_nb.Session()")
+
+    def __enter__(self) -> "Session":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.shutdown()
+
+    def _repr_html_(self) -> str:
+        from .notebook.html import session_html
+
+        return session_html(self)
+
+
+class DeadlineEndpoint:
+    """One endpoint of a ``DeadlineMesh``: Monarch's adverbs, each bounded by the deadline."""
+
+    def __init__(self, view: "DeadlineMesh", name: str) -> None:
+        self._view, self._name = view, name
+        self._endpoint = getattr(view.actors, name)
+
+    def gather(self, *args: Any, **kwargs: Any) -> MeshResult:
+        """Per-rank outcome without raising: values, errors, and ranks that stayed silent."""
+        view = self._view
+        ranks = list(view.actors._ndslice)
+        owner = view.session._owner_of(view.actors)
+        failed = set(owner.failed_ranks) if owner else set()
+        local_live = [i for i, r in enumerate(ranks) if r not in failed]
+        result = gather(self._endpoint, args, kwargs, local_live, view.timeout)
+        # Report in the proc mesh's global ranks, and count known-dead ranks as missing.
+        result.values = {ranks[i]: v for i, v in result.values.items()}
+        result.errors = {ranks[i]: e for i, e in result.errors.items()}
+        result.missing = sorted([ranks[i] for i in result.missing] + [r for r in ranks if r in failed])
+        result.ranks = ranks
+        result.endpoint = f"{view.actors._mesh_name}.{self._name}"
+        if result.missing:
+            view.session.events.append(CallTimedOut(mesh=owner.name if owner else "?", endpoint=result.endpoint,
+                                                    missing_ranks=result.missing, timeout_s=view.timeout))
+        return result
+
+    def call(self, *args: Any, **kwargs: Any) -> MeshResult:
+        result = self.gather(*args, **kwargs)
+        owner = self._view.session._owner_of(self._view.actors)
+        failed = [r for r in result.missing if owner and r in owner.failed_ranks]
+        return raise_for_outcome(result, self._view.timeout, failed)
+
+    def call_one(self, *args: Any, **kwargs: Any) -> Any:
+        size = len(list(self._view.actors._ndslice))
+        if size != 1:
+            raise ValueError(f"call_one needs a mesh of exactly one actor, this slice has {size}; "
+                             "slice it first, e.g. .slice(gpus=0)")
+        result = self.call(*args, **kwargs)
+        return next(iter(result.values.values()))
+
+    def choose(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return self._endpoint.choose(*args, **kwargs).get(timeout=self._view.timeout)
+        except TimeoutError:
+            raise CallTimeout(f"{self._view.actors._mesh_name}.{self._name} (choose)", [], self._view.timeout) from None
+
+    def broadcast(self, *args: Any, **kwargs: Any) -> None:
+        self._endpoint.broadcast(*args, **kwargs)
+
+    def stream(self, *args: Any, **kwargs: Any) -> Iterator[Any]:
+        """Values in arrival order; raises CallTimeout at the deadline if some ranks stayed silent."""
+        result = self.call(*args, **kwargs)
+        for _, value in result:
+            yield value
+
+
+class DeadlineMesh:
+    def __init__(self, session: Session, actors: Any, timeout: float) -> None:
+        if timeout <= 0:
+            raise ValueError(f"timeout must be positive seconds, got {timeout!r}")
+        self.session, self.actors, self.timeout = session, actors, timeout
+
+    def __getattr__(self, name: str) -> DeadlineEndpoint:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return DeadlineEndpoint(self, name)
+
+    def slice(self, **dims: Any) -> "DeadlineMesh":
+        return DeadlineMesh(self.session, self.actors.slice(**dims), self.timeout)
+
+
+def _ensure_gone(pids: list[int], timeout: float) -> None:
+    """Wait for stopped workers to exit; SIGKILL any that linger, so nothing is orphaned."""
+    import psutil
+
+    procs = []
+    for pid in pids:
+        try:
+            procs.append(psutil.Process(pid))
+        except psutil.NoSuchProcess:
+            pass
+    _, alive = psutil.wait_procs(procs, timeout=min(timeout, 5.0))
+    for proc in alive:
+        try:
+            proc.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(alive, timeout=2.0)
+
+
+def current_session(create: bool = True) -> Session | None:
+    """The session the notebook magics use: the newest open one, created on first use."""
+    live = [s for s in (ref() for ref in list(_sessions)) if s is not None and not s._closed]
+    if live:
+        return live[-1]
+    return Session() if create else None
