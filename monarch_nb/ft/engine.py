@@ -1,0 +1,454 @@
+"""One rank of one replica group: torchtitan's Llama 3 trained under a torchft Manager.
+
+Runs inside a worker process (built by :class:`monarch_nb.ft.trainer.TrainerActor`), never
+in the controller. It assembles torchtitan components rather than driving torchtitan's
+``Trainer``: the Llama 3 model and its FSDP ``parallelize_llama`` (when the group has more
+than one process), ``OptimizersContainer``, ``LRSchedulersContainer``, ``CrossEntropyLoss``
+and ``HuggingFaceTokenizer``. torchft's ``Manager`` drives every step with a *synchronous*
+quorum: ``start_quorum`` (heals a recovering group before the forward pass) ->
+forward/backward -> cross-replica gradient average with ``Manager.allreduce`` ->
+``should_commit`` -> optimizer + LR step.
+
+Two torchtitan 0.3.0 FT defects are avoided by construction, not patched:
+  * its async quorum read the state dict during the forward pass and crashed on CPU: we
+    use the synchronous quorum;
+  * its ``TorchFTOptimizersContainer`` serves a state dict cached at start-up, so a healed
+    group received a stale learning rate and silently diverged: the state we register with
+    torchft is read live at transfer time (parameters, optimizer state, param-group
+    hyper-parameters, LR scheduler) and loaded in place, so healed groups are bit-identical
+    - which ``hashes()`` lets the controller prove after every heal.
+Data is a pure function of (step, replica, rank), so a healed group needs no data-loader
+state to read exactly the batch its peers read.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import socket
+import sys
+import threading
+import time
+import types
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, Callable
+
+from .platform import Platform, select_platform
+
+
+def _stub_triton_kernels() -> None:
+    """torchtitan 0.3.0 imports Triton MoE kernels at import time (via models.common); Llama 3
+    never calls them. Where Triton is absent, register a stand-in that fails only if used."""
+    name = "torchtitan.distributed.minimal_async_ep.kernels"
+    if name in sys.modules:
+        return
+    try:
+        import triton  # noqa: F401
+
+        return
+    except ImportError:
+        pass
+    stub = types.ModuleType(name)
+    stub.__file__ = "<monarch_nb stub: triton unavailable>"
+
+    def _unavailable(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("Triton kernels are unavailable on this platform (no triton installed)")
+
+    def _getattr(attr: str) -> Any:
+        if attr.startswith("__"):
+            raise AttributeError(attr)
+        return _unavailable
+
+    stub.__getattr__ = _getattr  # type: ignore[attr-defined]
+    sys.modules[name] = stub
+
+
+def _local(t: Any) -> Any:
+    """The local shard of a DTensor (FSDP), or the tensor itself."""
+    to_local = getattr(t, "to_local", None)
+    return to_local() if to_local is not None else t
+
+
+def _tensor_bytes(obj: Any) -> int:
+    import torch
+
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, dict):
+        return sum(_tensor_bytes(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(_tensor_bytes(v) for v in obj)
+    return 0
+
+
+def _hash_tensor(h: Any, t: Any) -> None:
+    import torch
+
+    t = _local(t).detach()
+    if t.device.type != "cpu":
+        t = t.cpu()
+    t = t.contiguous()
+    h.update(str((t.dtype, tuple(t.shape))).encode())
+    if t.numel():
+        h.update(t.view(torch.uint8).numpy().tobytes() if t.dim() else t.reshape(1).view(torch.uint8).numpy().tobytes())
+
+
+class _QuorumRecorder:
+    """Stands in for the Manager's ``ManagerClient`` to remember the last quorum result
+    (membership, heal source); every call goes through to the real client."""
+
+    def __init__(self, client: Any) -> None:
+        self._client = client
+        self.last: Any = None
+
+    def _quorum(self, *args: Any, **kwargs: Any) -> Any:
+        result = self._client._quorum(*args, **kwargs)
+        self.last = result
+        return result
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._client, name)
+
+
+def _replica_index(replica_id: str) -> int | None:
+    """'replica_2:uuid' -> 2."""
+    head = replica_id.split(":", 1)[0]
+    digits = ""
+    for ch in reversed(head):
+        if not ch.isdigit():
+            break
+        digits = ch + digits
+    return int(digits) if digits else None
+
+
+class ReplicaTrainer:
+    """Build everything in ``__init__``; call :meth:`train_step` in a loop."""
+
+    def __init__(self, cfg: dict[str, Any], *, replica: int, rank: int, group_size: int, lighthouse: str,
+                 store_port: int | None, data_dir: str, emit: Callable[[dict[str, Any]], None]) -> None:
+        t0 = time.time()
+        self.cfg, self.replica, self.rank, self.group_size = cfg, replica, rank, group_size
+        self.emit = emit
+        _stub_triton_kernels()
+        import torch
+
+        torch.set_num_threads(int(cfg.get("threads_per_proc", 1)))
+        self.platform: Platform = select_platform(cfg.get("platform", "auto"), backend=cfg.get("backend"))
+        self.device = self.platform.device(rank if self.platform.device_type != "cpu" else 0)
+        if self.platform.device_type == "cuda":
+            torch.cuda.set_device(self.device)
+        # torchtitan defaults its device type to "cuda" at import; tell it where we are.
+        import torchtitan.tools.utils as tt_utils
+
+        tt_utils.device_type = self.platform.device_type
+        tt_utils.device_module = getattr(torch, self.platform.device_type)
+
+        from torch.distributed import TCPStore
+
+        host = cfg.get("advertise_host", "127.0.0.1")
+        store_host = "127.0.0.1" if cfg.get("job", "local") == "local" else host
+        if rank == 0:
+            self.store = TCPStore(store_host, store_port or 0, world_size=None, is_master=True,
+                                  wait_for_workers=False, timeout=timedelta(seconds=60))
+        else:
+            self.store = TCPStore(store_host, store_port, is_master=False, wait_for_workers=False,
+                                  timeout=timedelta(seconds=60))
+        self.store_port = self.store.port
+        self.store_host = store_host
+
+        self.model, self.mesh = self._build_model(torch)
+        self._build_optim()
+        self._build_data(data_dir)
+        self._healed_info: dict[str, Any] | None = None
+        self._last_quorum_id: int | None = None
+        self.manager = self._build_manager(lighthouse, host)
+        self.quorum_recorder = _QuorumRecorder(self.manager._client)
+        self.manager._client = self.quorum_recorder
+        self.init_seconds = time.time() - t0
+
+    # ---- construction --------------------------------------------------------------------
+
+    def _build_model(self, torch: Any) -> tuple[Any, Any]:
+        from torchtitan.models.common import ScaledDotProductAttention
+        from torchtitan.models.llama3 import llama3_configs
+
+        model_cfg = llama3_configs[self.cfg.get("model", "debugmodel")](attn_backend="flex")
+        # FlexAttention has no CPU backward and varlen no CPU kernel: the SDPA inner attention
+        # (causal, no document masks) works everywhere. Our sequences are packed windows.
+        for layer in model_cfg.layers:
+            layer.attention.inner_attention = ScaledDotProductAttention.Config()
+        self.vocab_size = model_cfg.vocab_size
+        torch.manual_seed(int(self.cfg.get("seed", 0)))  # identical init on every replica
+        with torch.device("meta"):
+            model = model_cfg.build()
+        mesh = None
+        if self.group_size > 1:
+            mesh = self._shard(model, torch)
+        model.to_empty(device=self.device)
+        with torch.no_grad():
+            model.init_states(buffer_device=None)
+        model.train()
+        return model, mesh
+
+    def _shard(self, model: Any, torch: Any) -> Any:
+        """FSDP inside the group, through torchtitan's own parallelize_llama."""
+        import torch.distributed as dist
+        from torch.distributed import PrefixStore
+
+        import torchtitan.distributed.parallel_dims as pd_mod
+        from torchtitan.config import CompileConfig, ParallelismConfig, TrainingConfig
+        from torchtitan.distributed import ParallelDims
+        from torchtitan.models.llama3 import parallelize_llama
+
+        pd_mod.device_type = self.platform.device_type
+        if not dist.is_initialized():
+            dist.init_process_group(backend=self.platform.backend, store=PrefixStore("monarch_nb/group", self.store),
+                                    rank=self.rank, world_size=self.group_size,
+                                    timeout=timedelta(seconds=float(self.cfg.get("pg_timeout_s", 10)) * 6))
+        os.environ.setdefault("WORLD_SIZE", str(self.group_size))
+        parallelism = ParallelismConfig(data_parallel_shard_degree=self.group_size, spmd_backend="partial_dtensor")
+        dims = ParallelDims.from_config(parallelism, self.group_size)
+        dims.build_mesh()
+        training = TrainingConfig(local_batch_size=int(self.cfg.get("batch_size", 2)),
+                                  seq_len=int(self.cfg.get("seq_len", 64)), mixed_precision_param="float32")
+        parallelize_llama(model, parallel_dims=dims, training=training, parallelism=parallelism,
+                          compile_config=CompileConfig(), ac_config=None, dump_folder="")
+        return dims
+
+    def _build_optim(self) -> None:
+        from torchtitan.components.loss import CrossEntropyLoss
+        from torchtitan.components.optimizer import LRSchedulersContainer, OptimizersContainer, default_adamw
+        from torchtitan.components.optimizer.utils import init_optim_state
+
+        lr = float(self.cfg.get("lr", 8e-4))
+        groups = default_adamw(lr=lr).param_groups
+        self.optimizers = OptimizersContainer.Config(param_groups=groups, implementation="for-loop").build(
+            model_parts=[self.model])
+        for opt in self.optimizers.optimizers:
+            init_optim_state(opt)  # state tensors exist before any heal loads into them
+        steps = self.cfg.get("steps") or 10_000
+        self.lr_schedulers = LRSchedulersContainer.Config(
+            warmup_steps=int(self.cfg.get("warmup_steps", 2)), decay_ratio=0.8, decay_type="linear",
+            min_lr_factor=0.1).build(optimizers=self.optimizers, training_steps=int(steps))
+        self.loss_fn = CrossEntropyLoss.Config(global_vocab_size=self.vocab_size).build()
+
+    def _build_data(self, data_dir: str) -> None:
+        import torch
+        from torchtitan.components.tokenizer import HuggingFaceTokenizer
+
+        self.tokenizer = HuggingFaceTokenizer(tokenizer_path=data_dir)
+        ids: list[int] = []
+        with open(Path(data_dir) / "corpus.jsonl", encoding="utf-8") as f:
+            for line in f:
+                ids.extend(self.tokenizer.encode(json.loads(line)["text"], add_bos=True, add_eos=True))
+        self.tokens = torch.tensor(ids, dtype=torch.long)
+        if int(self.tokens.max()) >= self.vocab_size:
+            raise ValueError(f"tokenizer produced id {int(self.tokens.max())} >= model vocab {self.vocab_size}")
+        self.batch_size = int(self.cfg.get("batch_size", 2))
+        self.seq_len = int(self.cfg.get("seq_len", 64))
+
+    def batch(self, step: int) -> tuple[Any, Any]:
+        """The (inputs, labels) of ``step`` for this replica and rank: a pure function."""
+        import torch
+
+        replicas = int(self.cfg.get("replicas", 1))
+        lanes = replicas * self.group_size
+        lane = self.replica * self.group_size + self.rank
+        span = self.seq_len + 1
+        usable = self.tokens.numel() - span
+        rows = []
+        for b in range(self.batch_size):
+            start = (((step * lanes + lane) * self.batch_size + b) * span * 7919) % usable
+            rows.append(self.tokens[start:start + span])
+        window = torch.stack(rows).to(self.device)
+        return window[:, :-1], window[:, 1:]
+
+    def _build_manager(self, lighthouse: str, host: str) -> Any:
+        import torchft
+        from torchft.checkpointing.http_transport import HTTPTransport
+
+        timeout = timedelta(seconds=float(self.cfg.get("pg_timeout_s", 10)))
+        trainer = self
+
+        class PeerTransport(HTTPTransport):
+            """torchft's HTTP checkpoint transport, advertising a reachable address and
+            recording what each heal moved."""
+
+            def address(self) -> str:
+                port = self._server.socket.getsockname()[1]
+                return f"http://{host}:{port}/checkpoint/"
+
+            def recv_checkpoint(self, src_rank: int, metadata: str, step: int, timeout: timedelta) -> Any:
+                t = time.time()
+                state = super().recv_checkpoint(src_rank, metadata, step, timeout)
+                trainer._recv_info = {"seconds": time.time() - t, "bytes": _tensor_bytes(state),
+                                      "src_rank": src_rank, "step": step}
+                return state
+
+        self._recv_info: dict[str, Any] | None = None
+        self.transport = PeerTransport(timeout=timeout, num_chunks=0)
+        if self.platform.backend == "nccl":
+            pg = torchft.ProcessGroupNCCL(timeout=timeout)
+        else:
+            pg = torchft.ProcessGroupGloo(timeout=timeout)
+        self.ft_pg = pg
+        return torchft.Manager(
+            pg=pg,
+            load_state_dict=self._load_state_dict,
+            state_dict=self._state_dict,
+            min_replica_size=int(self.cfg.get("min_replicas", 1)),
+            use_async_quorum=False,
+            timeout=timeout,
+            quorum_timeout=timedelta(seconds=float(self.cfg.get("quorum_timeout_s", 60))),
+            connect_timeout=timedelta(seconds=30),
+            rank=self.rank,
+            world_size=self.group_size,
+            store_addr=self.store_host,
+            store_port=self.store_port,
+            lighthouse_addr=lighthouse,
+            replica_id=f"replica_{self.replica}",
+            hostname=host,
+            heartbeat_interval=timedelta(milliseconds=100),
+            checkpoint_transport=self.transport,
+            init_sync=False,  # every replica starts from the same seed; hashes prove it
+        )
+
+    # ---- state that torchft moves between peers (read live, loaded in place) --------------
+
+    def _optim_items(self) -> list[tuple[str, Any, Any]]:
+        names = {id(p): n for n, p in self.model.named_parameters()}
+        out = []
+        for oi, opt in enumerate(self.optimizers.optimizers):
+            for group in opt.param_groups:
+                for p in group["params"]:
+                    out.append((f"{oi}/{names[id(p)]}", p, opt))
+        return out
+
+    def _state_dict(self) -> dict[str, Any]:
+        model = {n: _local(p).detach() for n, p in self.model.named_parameters()}
+        optim_state: dict[str, dict[str, Any]] = {}
+        for key, p, opt in self._optim_items():
+            optim_state[key] = {k: (_local(v).detach() if hasattr(v, "detach") else v)
+                                for k, v in opt.state.get(p, {}).items()}
+        groups = [[{k: v for k, v in g.items() if k != "params"} for g in opt.param_groups]
+                  for opt in self.optimizers.optimizers]
+        return {"model": model, "optim": optim_state, "param_groups": groups,
+                "lr_schedulers": self.lr_schedulers.state_dict()}
+
+    def _load_state_dict(self, state: dict[str, Any]) -> None:
+        import torch
+
+        t = time.time()
+        with torch.no_grad():
+            for n, p in self.model.named_parameters():
+                _local(p).copy_(state["model"][n])
+            for key, p, opt in self._optim_items():
+                mine = opt.state.setdefault(p, {})
+                for k, v in state["optim"][key].items():
+                    if k in mine and isinstance(mine[k], torch.Tensor):
+                        _local(mine[k]).copy_(v)
+                    else:
+                        mine[k] = v.clone() if isinstance(v, torch.Tensor) else v
+            for opt, groups in zip(self.optimizers.optimizers, state["param_groups"]):
+                for mine_g, theirs in zip(opt.param_groups, groups):
+                    mine_g.update(theirs)
+        self.lr_schedulers.load_state_dict(state["lr_schedulers"])
+        self._healed_info = {"apply_seconds": time.time() - t, "bytes": _tensor_bytes(state)}
+
+    # ---- the step ------------------------------------------------------------------------
+
+    def hashes(self) -> dict[str, str]:
+        """Digests of this rank's parameters and optimizer state (incl. hyper-parameters)."""
+        hp = hashlib.blake2b(digest_size=12)
+        for n, p in self.model.named_parameters():
+            hp.update(n.encode())
+            _hash_tensor(hp, p)
+        ho = hashlib.blake2b(digest_size=12)
+        for key, p, opt in self._optim_items():
+            ho.update(key.encode())
+            for k, v in sorted(opt.state.get(p, {}).items()):
+                ho.update(k.encode())
+                if hasattr(v, "detach"):
+                    _hash_tensor(ho, v)
+                else:
+                    ho.update(repr(v).encode())
+        for opt in self.optimizers.optimizers:
+            for g in opt.param_groups:
+                ho.update(repr(sorted((k, v) for k, v in g.items() if k != "params")).encode())
+        return {"params": hp.hexdigest(), "optim": ho.hexdigest()}
+
+    def current_step(self) -> int:
+        return self.manager.current_step()
+
+    def train_step(self, fault_point: Callable[[int], None] | None = None) -> dict[str, Any]:
+        """One fault-tolerant step; returns the step record (also emitted)."""
+        import torch
+
+        t0 = time.time()
+        self.manager.start_quorum()
+        q = self.quorum_recorder.last
+        participants = self.manager.num_participants()
+        if q is not None and q.quorum_id != self._last_quorum_id:
+            self._last_quorum_id = q.quorum_id
+            members = [_replica_index(r) for r in q.replica_ids]
+            self.emit({"kind": "quorum", "quorum_id": int(q.quorum_id), "participants": members,
+                       "replica": self.replica, "rank": self.rank, "t": time.time()})
+        if self._healed_info is not None:
+            info, self._healed_info = self._healed_info, None
+            recv = self._recv_info or {}
+            self._recv_info = None
+            src = None
+            if q is not None and q.recover_src_replica_rank is not None:
+                ids = list(q.replica_ids)
+                if 0 <= q.recover_src_replica_rank < len(ids):
+                    src = _replica_index(ids[q.recover_src_replica_rank])
+            self.emit({"kind": "healed", "replica": self.replica, "rank": self.rank,
+                       "step": self.manager.current_step(), "bytes": info["bytes"],
+                       "seconds": recv.get("seconds", 0.0) + info["apply_seconds"],
+                       "source_replica": src, "t": time.time()})
+        step = self.manager.current_step() + 1
+        t_compute = time.time()
+        inputs, labels = self.batch(step)
+        self.optimizers.zero_grad()
+        pred = self.model(inputs)
+        n_tokens = torch.tensor(labels.numel(), device=self.device)
+        loss, _ = self.loss_fn(pred, labels, n_tokens)
+        loss.backward()
+        del pred
+        if fault_point is not None:
+            fault_point(step)
+        grads = [_local(p.grad) for p in self.model.parameters() if p.grad is not None]
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        self.manager.allreduce(flat).wait()
+        offset = 0
+        for g in grads:
+            g.copy_(flat[offset:offset + g.numel()].view_as(g))
+            offset += g.numel()
+        torch.nn.utils.clip_grad_norm_([p for p in self.model.parameters()], 1.0, foreach=True)
+        committed = self.manager.should_commit()
+        if committed:
+            self.optimizers.step()
+            self.lr_schedulers.step()
+        t1 = time.time()
+        rec = {"kind": "step", "replica": self.replica, "rank": self.rank, "step": step,
+               "loss": float(loss.detach()), "committed": bool(committed),
+               "tokens_per_s": labels.numel() / max(t1 - t_compute, 1e-9), "seconds": t1 - t0,
+               "quorum_id": self._last_quorum_id, "participants": participants, "t": t1}
+        self.emit(rec)
+        return rec
+
+    def comms_broken(self) -> bool:
+        """True once the cross-replica process group was aborted under us (it will not be
+        reconfigured while the quorum is unchanged, so this group cannot make progress)."""
+        return getattr(self.ft_pg, "_pg", object()) is None and self._last_quorum_id is not None
+
+    def abort_comms(self) -> None:
+        self.ft_pg.abort()
+
+    def shutdown(self) -> None:
+        try:
+            self.manager.shutdown(wait=False)
+        except Exception:
+            pass

@@ -1,0 +1,171 @@
+"""Fault injection as a product feature: what can go wrong, when, and how a worker does it.
+
+A :class:`Fault` names a kind, a target (replica group, rank) and a trigger (a step number,
+or a delay in seconds). The controller validates it, the trainer actor arms it, and the
+training thread fires it at a fixed point inside the step: after forward/backward, before
+the cross-replica gradient allreduce, where a failure hurts the surviving peers most.
+:class:`FaultSchedule` produces faults at random targets every N seconds for soak runs.
+
+Kinds and how each is survived:
+  kill       SIGKILL the process            -> Monarch supervision reports the dead process
+  segfault   a real SIGSEGV (NULL read)     -> same
+  exit       ``os._exit(13)``               -> same
+  exception  raised inside the train step   -> the trainer reports it through ``status``
+  comms      abort the cross-replica PG     -> the trainer reports broken comms
+  hang       hold the GIL for N seconds     -> calls to the actor time out (hang deadline)
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import os
+import random
+import signal
+import time
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Sequence
+
+
+class FaultKind(str, enum.Enum):
+    KILL = "kill"
+    SEGFAULT = "segfault"
+    EXIT = "exit"
+    EXCEPTION = "exception"
+    COMMS = "comms"
+    HANG = "hang"
+
+    @classmethod
+    def parse(cls, value: "str | FaultKind", field_name: str = "kind") -> "FaultKind":
+        if isinstance(value, FaultKind):
+            return value
+        try:
+            return cls(str(value).lower())
+        except ValueError:
+            allowed = ", ".join(k.value for k in cls)
+            raise ValueError(f"{field_name}: unknown fault kind {value!r}; allowed values: {allowed}") from None
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class InjectedException(RuntimeError):
+    """What the ``exception`` fault raises inside the train step."""
+
+
+@dataclass(frozen=True)
+class Fault:
+    kind: FaultKind
+    replica: int
+    rank: int = 0
+    at_step: int | None = None  # fire when the trainer reaches this step
+    after_s: float | None = None  # or fire this many seconds after injection
+    hang_s: float = 30.0  # for HANG: how long the GIL is held
+
+    def validate(self, replicas: int, group_size: int) -> None:
+        FaultKind.parse(self.kind)
+        if not isinstance(self.replica, int) or not 0 <= self.replica < replicas:
+            raise ValueError(f"replica: {self.replica!r} out of range; allowed values: 0..{replicas - 1}")
+        if not isinstance(self.rank, int) or not 0 <= self.rank < group_size:
+            raise ValueError(f"rank: {self.rank!r} out of range; allowed values: 0..{group_size - 1}")
+        if self.at_step is not None and self.after_s is not None:
+            raise ValueError("at_step/after_s: give at most one trigger (at_step=N or after_s=SECONDS)")
+        if self.at_step is not None and (not isinstance(self.at_step, int) or self.at_step < 1):
+            raise ValueError(f"at_step: must be an integer >= 1, got {self.at_step!r}")
+        if self.after_s is not None and self.after_s < 0:
+            raise ValueError(f"after_s: must be >= 0 seconds, got {self.after_s!r}")
+        if self.hang_s <= 0:
+            raise ValueError(f"hang_s: must be > 0 seconds, got {self.hang_s!r}")
+
+
+@dataclass
+class FaultSchedule:
+    """Random faults every ``every_s`` seconds (soak testing); deterministic for a seed."""
+
+    every_s: float
+    kinds: Sequence[FaultKind | str] = (FaultKind.KILL,)
+    seed: int | None = None
+    rank: int | None = None  # None: a random rank of the chosen group
+    max_faults: int | None = None
+    _rng: random.Random = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if not self.every_s or self.every_s <= 0:
+            raise ValueError(f"every: must be > 0 seconds, got {self.every_s!r}")
+        if not self.kinds:
+            raise ValueError("kinds: give at least one fault kind; allowed values: "
+                             + ", ".join(k.value for k in FaultKind))
+        self.kinds = tuple(FaultKind.parse(k, "kinds") for k in self.kinds)
+        if self.max_faults is not None and self.max_faults < 1:
+            raise ValueError(f"max_faults: must be >= 1, got {self.max_faults!r}")
+        self._rng = random.Random(self.seed)
+
+    def faults(self, replicas: int, group_size: int, eligible: Sequence[int] | None = None) -> Iterator[Fault]:
+        """Yield an endless (or ``max_faults`` long) sequence of immediate faults."""
+        n = 0
+        while self.max_faults is None or n < self.max_faults:
+            pool = list(eligible) if eligible else list(range(replicas))
+            replica = self._rng.choice(pool)
+            rank = self.rank if self.rank is not None else self._rng.randrange(group_size)
+            kind = self._rng.choice(list(self.kinds))
+            n += 1
+            yield Fault(kind=kind, replica=replica, rank=rank)
+
+    def next_target(self, replicas: int, group_size: int, eligible: Sequence[int]) -> Fault | None:
+        pool = list(eligible)
+        if not pool:
+            return None
+        return Fault(kind=self._rng.choice(list(self.kinds)), replica=self._rng.choice(pool),
+                     rank=self.rank if self.rank is not None else self._rng.randrange(group_size))
+
+
+# ---- worker side ---------------------------------------------------------------------------
+
+
+def record_firing(log_path: str | None, info: dict[str, Any]) -> None:
+    """Append one line to the run's fault log before firing (the process may die next)."""
+    if not log_path:
+        return
+    try:
+        line = (json.dumps({"t": time.time(), **info}) + "\n").encode()
+        fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, line)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError:
+        pass  # another host, read-only dir: the controller falls back to the injection time
+
+
+def hold_gil(seconds: float) -> None:
+    """Block the whole interpreter: a C call made with the GIL held (ctypes.PyDLL keeps it)."""
+    import ctypes
+
+    libc = ctypes.PyDLL(None)
+    libc.usleep.argtypes = [ctypes.c_uint]
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        libc.usleep(min(1_000_000 - 1, int((end - time.monotonic()) * 1e6) + 1))
+
+
+def fire(kind: FaultKind, *, abort_comms: Any = None, hang_s: float = 30.0) -> None:
+    """Make ``kind`` happen in this process, now. Only returns for ``comms`` and ``hang``."""
+    if kind is FaultKind.KILL:
+        os.kill(os.getpid(), signal.SIGKILL)
+    elif kind is FaultKind.SEGFAULT:
+        import ctypes
+
+        ctypes.string_at(0)  # NULL read: a genuine SIGSEGV
+    elif kind is FaultKind.EXIT:
+        os._exit(13)
+    elif kind is FaultKind.EXCEPTION:
+        raise InjectedException("injected exception inside the train step")
+    elif kind is FaultKind.COMMS:
+        if abort_comms is None:
+            raise RuntimeError("comms fault needs the cross-replica process group")
+        abort_comms()
+    elif kind is FaultKind.HANG:
+        hold_gil(hang_s)
+    else:  # pragma: no cover - FaultKind is closed
+        raise ValueError(kind)

@@ -1,0 +1,118 @@
+"""A real torchft Lighthouse, in its own process, owned by the run.
+
+The Lighthouse decides quorum membership from the Managers' heartbeats. It runs as a child
+process (``python -m monarch_nb.ft.lighthouse``) rather than inside the notebook kernel so
+that a busy kernel cannot delay quorum ticks. The child prints its address as one JSON line
+and then waits on its stdin: when the controller closes the pipe - ``stop()``, or the
+kernel dying for any reason - the child shuts the server down and exits, so it can never
+outlive its controller. Bound to 127.0.0.1 by default (``bind``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class LighthouseSettings:
+    bind: str = "127.0.0.1:0"
+    min_replicas: int = 1
+    join_timeout_ms: int = 1000
+    quorum_tick_ms: int = 20
+    heartbeat_timeout_ms: int = 1000
+
+
+class Lighthouse:
+    """Start with :meth:`start`; ``address`` is what Managers connect to (http://host:port)."""
+
+    def __init__(self, settings: LighthouseSettings | None = None) -> None:
+        self.settings = settings or LighthouseSettings()
+        self.address: str | None = None
+        self._proc: subprocess.Popen | None = None
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc else None
+
+    def start(self, timeout: float = 30.0) -> "Lighthouse":
+        s = self.settings
+        cmd = [sys.executable, "-m", "monarch_nb.ft.lighthouse", "--bind", s.bind,
+               "--min-replicas", str(s.min_replicas), "--join-timeout-ms", str(s.join_timeout_ms),
+               "--quorum-tick-ms", str(s.quorum_tick_ms), "--heartbeat-timeout-ms", str(s.heartbeat_timeout_ms)]
+        self._proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                      env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        assert self._proc.stdout is not None
+        deadline = time.monotonic() + timeout
+        line = b""
+        import selectors
+
+        sel = selectors.DefaultSelector()
+        sel.register(self._proc.stdout, selectors.EVENT_READ)
+        while time.monotonic() < deadline:
+            if sel.select(timeout=0.2):
+                line = self._proc.stdout.readline()
+                break
+            if self._proc.poll() is not None:
+                break
+        sel.close()
+        if not line:
+            self.stop()
+            raise RuntimeError(f"torchft Lighthouse did not start within {timeout:g} s")
+        self.address = json.loads(line)["address"]
+        return self
+
+    def alive(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def stop(self, timeout: float = 5.0) -> None:
+        proc, self._proc = self._proc, None
+        if proc is None:
+            return
+        try:
+            if proc.stdin:
+                proc.stdin.close()  # the child's cue to shut down
+            proc.wait(timeout=timeout)
+        except Exception:
+            proc.kill()
+            proc.wait(timeout=timeout)
+        finally:
+            if proc.stdout:
+                proc.stdout.close()
+
+
+def _main() -> None:
+    import argparse
+
+    p = argparse.ArgumentParser(description="torchft Lighthouse bound to a given address; exits when stdin closes")
+    p.add_argument("--bind", default="127.0.0.1:0")
+    p.add_argument("--min-replicas", type=int, default=1)
+    p.add_argument("--join-timeout-ms", type=int, default=1000)
+    p.add_argument("--quorum-tick-ms", type=int, default=20)
+    p.add_argument("--heartbeat-timeout-ms", type=int, default=1000)
+    a = p.parse_args()
+    from torchft.coordination import LighthouseServer
+
+    server = LighthouseServer(bind=a.bind, min_replicas=a.min_replicas, join_timeout_ms=a.join_timeout_ms,
+                              quorum_tick_ms=a.quorum_tick_ms, heartbeat_timeout_ms=a.heartbeat_timeout_ms)
+    address = server.address()
+    host = a.bind.rsplit(":", 1)[0].strip("[]")
+    if host not in ("", "0.0.0.0", "::"):
+        # The server reports the machine's hostname; advertise the address it is bound to.
+        address = f"http://{host}:{address.rsplit(':', 1)[1]}"
+    print(json.dumps({"address": address, "pid": os.getpid()}), flush=True)
+    try:
+        while sys.stdin.buffer.read(4096):
+            pass
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.shutdown()
+
+
+if __name__ == "__main__":
+    _main()

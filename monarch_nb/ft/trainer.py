@@ -1,0 +1,177 @@
+"""The Monarch actor that is one rank of one replica group.
+
+``TrainerActor.__init__`` runs in the worker process and builds the
+:class:`~monarch_nb.ft.engine.ReplicaTrainer` (model, optimizer, torchft Manager): patches
+and environment set in the controller do not reach workers, so everything happens here.
+Training runs in a thread of the actor so endpoints stay responsive: ``poll`` hands the
+controller the events produced since the last call plus the current state, ``inject``
+arms a fault, ``hash_at`` asks for parameter/optimizer digests after a given committed
+step, ``stop`` ends the loop. A failure the process survives (an exception in the step,
+aborted comms) is reported through ``poll`` as state ``failed`` - Monarch cannot see it -
+and the group also stops heartbeating so that torchft drops it from the next quorum.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import threading
+import time
+import traceback
+from typing import Any
+
+from monarch.actor import Actor, current_rank, endpoint
+
+from .faults import FaultKind, fire, record_firing
+
+# A group that reported ``failed`` is torn down by the controller within a poll interval;
+# should the controller be gone, the process ends itself after this long.
+_SELF_EXIT_AFTER_FAILURE_S = 120.0
+
+
+class TrainerActor(Actor):
+    def __init__(self, cfg: dict[str, Any], replica: int, lighthouse: str, store_port: int | None,
+                 data_dir: str, fault_log: str | None = None, attempt: int = 0) -> None:
+        point = current_rank()
+        self.rank = int(point.rank)
+        self.group_size = 1
+        for label in point.extent:
+            self.group_size *= point.extent[label]
+        self.replica = replica
+        self.attempt = attempt
+        self.fault_log = fault_log
+        self._lock = threading.Lock()
+        self._events: collections.deque[dict[str, Any]] = collections.deque(maxlen=100_000)
+        self._state = "initializing"
+        self._failure: str | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._armed: list[dict[str, Any]] = []
+        self._hash_steps: set[int] = set()
+        self._max_steps = cfg.get("steps")
+        # torchft's Rust side logs every quorum and commit at INFO; keep worker output readable.
+        os.environ.setdefault("RUST_LOG", "warn")
+        from .engine import ReplicaTrainer
+
+        self.engine = ReplicaTrainer(cfg, replica=replica, rank=self.rank, group_size=self.group_size,
+                                     lighthouse=lighthouse, store_port=store_port, data_dir=data_dir,
+                                     emit=self._emit)
+        self._state = "ready"
+        self._emit({"kind": "ready", "replica": replica, "rank": self.rank, "pid": os.getpid(),
+                    "init_seconds": self.engine.init_seconds, "platform": self.engine.platform.describe(),
+                    "t": time.time()})
+
+    # ---- plumbing ---------------------------------------------------------------------------
+
+    def _emit(self, event: dict[str, Any]) -> None:
+        with self._lock:
+            self._events.append(event)
+
+    def _fault_point(self, step: int) -> None:
+        with self._lock:
+            due = [f for f in self._armed if f["at_step"] is None or f["at_step"] <= step]
+            self._armed = [f for f in self._armed if f not in due]
+        for f in due:
+            kind = FaultKind.parse(f["kind"])
+            record_firing(self.fault_log, {"kind": "fault_fired", "fault": kind.value, "replica": self.replica,
+                                           "rank": self.rank, "step": step, "pid": os.getpid()})
+            self._emit({"kind": "fault_fired", "fault": kind.value, "replica": self.replica, "rank": self.rank,
+                        "step": step, "t": time.time()})
+            fire(kind, abort_comms=self.engine.abort_comms, hang_s=f.get("hang_s", 30.0))
+
+    def _fail(self, reason: str) -> None:
+        with self._lock:
+            if self._failure is None:
+                self._failure = reason
+            self._state = "failed"
+        # Leave the quorum now: stop heartbeating and drop our sockets, so that peers
+        # waiting on us in a collective fail fast instead of waiting out the timeout.
+        try:
+            self.engine.abort_comms()
+        except Exception:
+            pass
+        self.engine.shutdown()
+
+        def _last_resort() -> None:
+            if not self._stop.wait(_SELF_EXIT_AFTER_FAILURE_S):
+                os._exit(70)
+
+        threading.Thread(target=_last_resort, name="monarch_nb-self-exit", daemon=True).start()
+
+    def _loop(self) -> None:
+        self._state = "training"
+        try:
+            while not self._stop.is_set():
+                if self._max_steps is not None and self.engine.current_step() >= self._max_steps:
+                    self._state = "finished"
+                    break
+                rec = self.engine.train_step(self._fault_point)
+                if rec["committed"]:
+                    with self._lock:
+                        want = rec["step"] in self._hash_steps
+                        self._hash_steps.discard(rec["step"])
+                    if want:
+                        self._emit({"kind": "hashes", "replica": self.replica, "rank": self.rank,
+                                    "step": rec["step"], **self.engine.hashes(), "t": time.time()})
+                elif self.engine.comms_broken():
+                    self._fail("comms: cross-replica process group aborted")
+                    return
+        except BaseException as e:  # noqa: BLE001 - anything here ends the group's training
+            if self._stop.is_set():
+                return
+            tb = traceback.format_exc(limit=6)
+            self._emit({"kind": "trainer_error", "replica": self.replica, "rank": self.rank,
+                        "error": f"{type(e).__name__}: {e}", "traceback": tb, "t": time.time()})
+            self._fail(f"exception: {type(e).__name__}: {e}")
+
+    # ---- endpoints --------------------------------------------------------------------------
+
+    @endpoint
+    def start(self) -> bool:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name=f"train-r{self.replica}", daemon=True)
+            self._thread.start()
+        return True
+
+    @endpoint
+    def poll(self) -> dict[str, Any]:
+        with self._lock:
+            events = list(self._events)
+            self._events.clear()
+            state, failure = self._state, self._failure
+        return {"replica": self.replica, "rank": self.rank, "state": state, "failure": failure,
+                "step": self.engine.current_step(), "events": events, "pid": os.getpid()}
+
+    @endpoint
+    def inject(self, kind: str, at_step: int | None = None, hang_s: float = 30.0) -> int:
+        """Arm a fault; it fires inside the first step >= ``at_step`` (next step if None).
+        Returns the step it is armed for."""
+        FaultKind.parse(kind)
+        step = at_step if at_step is not None else self.engine.current_step() + 1
+        with self._lock:
+            self._armed.append({"kind": kind, "at_step": at_step, "hang_s": hang_s})
+        return step
+
+    @endpoint
+    def hash_at(self, step: int) -> bool:
+        """Emit a ``hashes`` event after committing ``step``; False if it is already past."""
+        if self.engine.current_step() >= step:
+            return False
+        with self._lock:
+            self._hash_steps.add(step)
+        return True
+
+    @endpoint
+    def hashes(self) -> dict[str, Any]:
+        """Digests right now (only meaningful while training is stopped or finished)."""
+        return {"step": self.engine.current_step(), **self.engine.hashes()}
+
+    @endpoint
+    def finish(self, timeout: float = 10.0) -> str:
+        self._stop.set()
+        thread = self._thread
+        if thread is not None:
+            thread.join(timeout)
+        self.engine.shutdown()
+        self._state = "stopped" if self._state != "failed" else self._state
+        return self._state
