@@ -1,0 +1,415 @@
+"""The live dashboard: ipywidgets that observe a run's telemetry store and redraw themselves.
+
+``Dashboard(store, controls)`` subscribes to an ``EventStore`` (replaying its history first),
+folds events into a ``DashboardModel`` and renders panels: a health grid (one cell per replica
+group x rank), a quorum summary, loss curves (matplotlib, see below), a recovery timeline with an
+event list, and controls (inject a fault, stop the run) when a live run is attached.
+
+Observers run on the writer's thread, so the observer only folds the event into the model and
+marks panels dirty. One background flusher thread per dashboard renders dirty panels, at most
+``max_hz`` times a second per widget, and only sends a widget value when it changed: a burst
+of thousands of events costs a handful of comm messages (the Jupyter server drops iopub traffic
+above 1000 msg/s). Widget updates from that thread reach the browser while no cell executes.
+
+Plot choice: matplotlib's Agg renderer into an ``ipywidgets.Image``. It needs no frontend
+extension beyond ipywidgets (works in JupyterLab, Notebook 7, VS Code and in saved widget
+state), the same PNG is the static fallback for headless runs, and drawing happens in the
+kernel where we can bound it: the plot's redraw interval adapts so that drawing uses at most
+``plot_cpu_share`` of a core (measured per render), whatever the step rate. ipympl would cost
+the same rendering plus a frontend round trip per frame (and stays blank under nbclient);
+bqplot would add a dependency and ~1 MB of JavaScript.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Protocol
+
+from monarch_nb.telemetry.events import Event
+from monarch_nb.telemetry.store import EventStore
+
+from . import dashboard_render as render
+from .dashboard_model import (
+    CONTROLS,
+    FAULT_KINDS,
+    HEADER,
+    HEALTH,
+    PANELS,
+    PLOT,
+    QUORUM,
+    TIMELINE,
+    DashboardModel,
+)
+
+__all__ = ["Dashboard", "DashboardStats", "RunControls", "FAULT_KINDS"]
+
+
+class RunControls(Protocol):
+    """What the controls panel drives: the fault-tolerant run."""
+
+    def inject(self, kind: str, replica: int) -> Any: ...
+
+    def stop(self) -> Any: ...
+
+
+@dataclass
+class DashboardStats:
+    """What the UI has cost so far (read by ``bench/bench_dashboard.py`` and tests)."""
+
+    started: float = field(default_factory=time.monotonic)
+    events: int = 0
+    messages: dict[str, int] = field(default_factory=lambda: {p: 0 for p in PANELS})
+    renders: dict[str, int] = field(default_factory=lambda: {p: 0 for p in PANELS})
+    observer_cpu_s: float = 0.0  # time spent in the store observer (on writer threads)
+    flusher_cpu_s: float = 0.0  # CPU time of the flusher thread
+    plot_render_s: float = 0.0  # smoothed CPU seconds of one plot render
+    plot_interval_s: float = 0.0  # current adaptive minimum interval between plot redraws
+
+    @property
+    def total_messages(self) -> int:
+        return sum(self.messages.values())
+
+
+class Dashboard:
+    """Live (or replayed) dashboard of one FT run. Display it; ``close()`` stops updates.
+
+    ``controls`` is the run (``inject(kind, replica=...)`` and ``stop()``); ``None`` for a
+    reopened or finished run, which hides the controls.
+    """
+
+    def __init__(
+        self,
+        store: EventStore,
+        controls: RunControls | None = None,
+        *,
+        max_hz: float = 10.0,
+        plot_cpu_share: float = 0.02,
+        max_plot_interval_s: float = 5.0,
+        heartbeat_interval_s: float = 1.0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        if max_hz <= 0:
+            raise ValueError("max_hz must be positive")
+        self.store = store
+        self.controls = controls
+        self.max_hz = float(max_hz)
+        self.plot_cpu_share = float(plot_cpu_share)
+        self.max_plot_interval_s = float(max_plot_interval_s)
+        self.heartbeat_interval_s = float(heartbeat_interval_s)
+        self._clock = clock
+        self.model = DashboardModel()
+        self.stats = DashboardStats()
+        self._plot = render.LossPlot()
+        self._last_png: bytes | None = None
+
+        self._lock = threading.Lock()  # guards model, dirty set, schedule
+        self._wake = threading.Condition(self._lock)
+        self._render_lock = threading.Lock()  # one renderer at a time (flusher or flush())
+        self._dirty: set[str] = set()
+        self._next_ok: dict[str, float] = {p: 0.0 for p in PANELS}
+        self._next_tick = 0.0
+        self._closed = False
+
+        self._build_widgets()
+
+        # Replay history, deferring events that other threads append meanwhile so the model
+        # sees them in order.
+        self._replay_thread: int | None = threading.get_ident()
+        self._deferred: list[Event] = []
+        self._unsubscribe = store.subscribe(self._on_event, replay=True)
+        with self._lock:
+            self._replay_thread = None
+            for e in self._deferred:
+                self._dirty |= self.model.apply(e)
+            self._deferred.clear()
+        self.flush()  # the widgets hold the full history before they are displayed
+
+        self._thread = threading.Thread(target=self._flusher, name="monarch_nb-dashboard", daemon=True)
+        self._thread.start()
+
+    @classmethod
+    def open(cls, path: str | Path, **kwargs: Any) -> "Dashboard":
+        """A read-only dashboard of a run directory (or its ``events.jsonl``)."""
+        return cls(EventStore.open(path), controls=None, **kwargs)
+
+    # ---- widgets ----------------------------------------------------------------------
+
+    def _build_widgets(self) -> None:
+        import ipywidgets as w
+
+        self.header = w.HTML(layout=w.Layout(width="100%"))
+        self.health = w.HTML(layout=w.Layout(width="100%"))
+        self.quorum = w.HTML(layout=w.Layout(width="100%"))
+        self.plot = w.Image(format="png", layout=w.Layout(width="600px", max_width="100%"))
+        self.plot_caption = w.HTML()
+        self.timeline = w.HTML(layout=w.Layout(width="100%"))
+        for widget, name in ((self.header, "header"), (self.health, "health"), (self.quorum, "quorum"),
+                             (self.plot, "plot"), (self.plot_caption, "plot-caption"),
+                             (self.timeline, "timeline")):
+            widget.add_class(f"mnb-{name}-widget")
+
+        self.fault_kind = w.Dropdown(options=list(FAULT_KINDS), value="kill", description="fault",
+                                     layout=w.Layout(width="180px"))
+        self.replica_choice = w.Dropdown(options=[], description="group", layout=w.Layout(width="160px"))
+        self.inject_button = w.Button(description="Inject fault", button_style="danger", icon="bolt",
+                                      tooltip="inject the chosen fault into the chosen replica group")
+        self.stop_button = w.Button(description="Stop run", button_style="warning", icon="stop",
+                                    tooltip="stop the training run")
+        self.control_status = w.HTML()
+        self.inject_button.on_click(self._on_inject_clicked)
+        self.stop_button.on_click(self._on_stop_clicked)
+        self.controls_box = w.HBox([self.fault_kind, self.replica_choice, self.inject_button,
+                                    self.stop_button, self.control_status])
+        self.controls_box.add_class("mnb-controls")
+        if self.controls is None:
+            self.controls_box.layout.display = "none"
+            for c in (self.fault_kind, self.replica_choice, self.inject_button, self.stop_button):
+                c.disabled = True
+
+        def section(title: str) -> Any:
+            return w.HTML(f"<div style='font-weight:bold;font-size:13px;margin-top:6px;"
+                          f"border-bottom:1px solid #ccc'>{title}</div>")
+
+        self.widget = w.VBox([
+            self.header, self.controls_box,
+            section("health (replica group x rank)"), self.health,
+            self.quorum,
+            section("loss"), self.plot, self.plot_caption,
+            section("recoveries"), self.timeline,
+        ])
+        self.widget.add_class("mnb-dashboard")
+
+    def _repr_mimebundle_(self, **kwargs: Any) -> Any:
+        return self.widget._repr_mimebundle_(**kwargs)
+
+    # ---- events in --------------------------------------------------------------------
+
+    def _on_event(self, event: Event) -> None:
+        t0 = time.thread_time()
+        with self._lock:
+            if self._closed:
+                return
+            if self._replay_thread is not None and threading.get_ident() != self._replay_thread:
+                self._deferred.append(event)
+                return
+            self.stats.events += 1
+            changed = self.model.apply(event)
+            if changed:
+                self._dirty |= changed
+                self._wake.notify()
+        self.stats.observer_cpu_s += time.thread_time() - t0
+
+    # ---- flushing ---------------------------------------------------------------------
+
+    def _interval(self, panel: str) -> float:
+        base = 1.0 / self.max_hz
+        if panel == PLOT and self.plot_cpu_share > 0:
+            budgeted = self.stats.plot_render_s / self.plot_cpu_share
+            return max(base, min(budgeted, self.max_plot_interval_s))
+        return base
+
+    def _take_due(self, now: float) -> tuple[set[str], float | None]:
+        """Under the lock: the dirty panels whose interval has passed, and seconds to wait."""
+        if self.model.live and self.heartbeat_interval_s > 0 and now >= self._next_tick:
+            self._dirty |= {HEALTH, HEADER}  # heartbeat ages and elapsed time move on their own
+            self._next_tick = now + self.heartbeat_interval_s
+        due = {p for p in self._dirty if now >= self._next_ok[p]}
+        self._dirty -= due
+        waits = [self._next_ok[p] - now for p in self._dirty]
+        if self.model.live and self.heartbeat_interval_s > 0:
+            waits.append(self._next_tick - now)
+        return due, (max(0.0, min(waits)) if waits else None)
+
+    def _flusher(self) -> None:
+        cpu0 = time.thread_time()
+        while True:
+            with self._lock:
+                while True:
+                    if self._closed:
+                        self.stats.flusher_cpu_s = time.thread_time() - cpu0
+                        return
+                    due, wait = self._take_due(time.monotonic())
+                    if due:
+                        break
+                    self._wake.wait(wait)
+            try:
+                self._render(due)
+            except Exception as exc:  # a rendering bug must not kill live updates
+                self._report_error(exc)
+            self.stats.flusher_cpu_s = time.thread_time() - cpu0
+
+    def _report_error(self, exc: BaseException) -> None:
+        try:
+            self.control_status.value = f"<span style='color:#d32f2f'>dashboard error: {type(exc).__name__}: {exc}</span>"
+        except Exception:
+            pass
+
+    def _set(self, panel: str, widget: Any, value: Any) -> None:
+        if widget.value != value:
+            widget.value = value
+            self.stats.messages[panel] += 1
+
+    def _render(self, panels: set[str]) -> None:
+        with self._render_lock:
+            now = self._clock()
+            with self._lock:
+                m = self.model
+                values: dict[str, Any] = {}
+                if HEADER in panels:
+                    values[HEADER] = render.header_html(m, now)
+                if HEALTH in panels:
+                    values[HEALTH] = render.health_html(m.health_cells(now))
+                    if m.mark_drawn():
+                        self._dirty.add(HEALTH)  # next frame (after the throttle) shows the current state
+                if QUORUM in panels:
+                    values[QUORUM] = render.quorum_html(m.quorum_summary())
+                if TIMELINE in panels:
+                    values[TIMELINE] = render.timeline_html(m)
+                if CONTROLS in panels:
+                    values[CONTROLS] = (sorted(m.replicas), m.live or m.run_id is None)
+                plot_data = m.plot_data() if PLOT in panels else None
+                scheduled = time.monotonic()
+                for p in panels:
+                    self._next_ok[p] = scheduled + self._interval(p)
+            for p in panels:
+                self.stats.renders[p] += 1
+            if HEADER in values:
+                self._set(HEADER, self.header, values[HEADER])
+            if HEALTH in values:
+                self._set(HEALTH, self.health, values[HEALTH])
+            if QUORUM in values:
+                self._set(QUORUM, self.quorum, values[QUORUM])
+            if TIMELINE in values:
+                self._set(TIMELINE, self.timeline, values[TIMELINE])
+            if CONTROLS in values:
+                self._render_controls(*values[CONTROLS])
+            if plot_data is not None:
+                png = self._plot.render(plot_data)
+                self._last_png = png
+                # Smoothed CPU cost of one plot; the first render (font cache, imports) is an outlier.
+                cost = self._plot.last_render_s
+                if self.stats.renders[PLOT] <= 1:
+                    self.stats.plot_render_s = min(cost, 0.05)
+                else:
+                    self.stats.plot_render_s = 0.7 * self.stats.plot_render_s + 0.3 * cost
+                with self._lock:
+                    self._next_ok[PLOT] = time.monotonic() + self._interval(PLOT)
+                    self.stats.plot_interval_s = self._interval(PLOT)
+                self._set(PLOT, self.plot, png)
+                self._set(PLOT, self.plot_caption,
+                          f"<span class='mnb-plot-caption' data-points='{plot_data.point_count}' "
+                          f"data-markers='{len(plot_data.markers)}' style='font-size:11px;color:#555'>"
+                          f"{plot_data.point_count} loss points, {len(plot_data.markers)} markers "
+                          f"(&#x2716; fault injected, &#x25bc; failure, &#x25b2; healed; "
+                          f"black: committed global loss)</span>")
+
+    def _render_controls(self, replicas: list[int], live: bool) -> None:
+        options = [(f"group {r}", r) for r in replicas]
+        if list(self.replica_choice.options) != options:
+            keep = self.replica_choice.value
+            self.replica_choice.options = options
+            if keep in replicas:
+                self.replica_choice.value = keep
+            self.stats.messages[CONTROLS] += 1
+        if self.controls is not None:
+            disabled = not live
+            if self.inject_button.disabled != disabled:
+                self.inject_button.disabled = disabled
+                self.stop_button.disabled = disabled
+                self.stats.messages[CONTROLS] += 2
+
+    def flush(self) -> None:
+        """Render every panel now, on the calling thread.
+
+        Call it (or ``close()``) in the last cell of a notebook run headless: nbclient stores
+        widget state only from messages sent while a cell executes.
+        """
+        with self._lock:
+            self._dirty -= set(PANELS)
+        self._render(set(PANELS))
+
+    def close(self, *, final_flush: bool = True) -> None:
+        """Stop following the store. The widgets stay displayed with their last state."""
+        with self._lock:
+            if self._closed:
+                return
+        self._unsubscribe()
+        if final_flush:
+            self.flush()
+        with self._lock:
+            self._closed = True
+            self._wake.notify_all()
+        if self._thread is not threading.current_thread():
+            self._thread.join(timeout=10)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def __enter__(self) -> "Dashboard":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    # ---- controls ---------------------------------------------------------------------
+
+    def _on_inject_clicked(self, _button: Any = None) -> None:
+        kind, replica = self.fault_kind.value, self.replica_choice.value
+        if replica is None:
+            self.control_status.value = "<span style='color:#d32f2f'>no replica group to inject into</span>"
+            return
+        self._call_control(f"inject '{kind}' into group {replica}", "inject", kind, replica=replica)
+
+    def _on_stop_clicked(self, _button: Any = None) -> None:
+        self._call_control("stop the run", "stop")
+
+    def _call_control(self, what: str, method: str, *args: Any, **kwargs: Any) -> threading.Thread | None:
+        """Run a control action off the kernel's message loop (a kill or stop can take seconds)."""
+        if self.controls is None:
+            self.control_status.value = "<span style='color:#616161'>read-only: no live run attached</span>"
+            return None
+        self.control_status.value = f"<span class='mnb-control-status' data-state='pending'>{what}&hellip;</span>"
+
+        def call() -> None:
+            try:
+                getattr(self.controls, method)(*args, **kwargs)
+            except Exception as exc:
+                self.control_status.value = (f"<span class='mnb-control-status' data-state='error' "
+                                             f"style='color:#d32f2f'>could not {what}: "
+                                             f"{render._e(type(exc).__name__)}: {render._e(exc)}</span>")
+            else:
+                self.control_status.value = (f"<span class='mnb-control-status' data-state='done'>"
+                                             f"done: {what}</span>")
+
+        thread = threading.Thread(target=call, name=f"monarch_nb-dashboard-{method}", daemon=True)
+        thread.start()
+        return thread
+
+    # ---- static fallback --------------------------------------------------------------
+
+    def loss_png(self, *, dpi: int | None = None) -> bytes:
+        """The loss plot as PNG bytes (rendered now from the model)."""
+        with self._lock:
+            data = self.model.plot_data()
+        with self._render_lock:
+            return self._plot.render(data, dpi=dpi)
+
+    def static_html(self, *, include_plot: bool = True) -> str:
+        """The dashboard as one HTML block with no JavaScript: plot PNG, health and recoveries."""
+        png = self.loss_png() if include_plot else None
+        with self._lock:
+            return render.static_html(self.model, png, self._clock())
+
+    def show_static(self) -> None:
+        """Display the static fallback (an image of the loss curves, then HTML tables).
+
+        Readable in a saved notebook or CI artifact without a kernel or widget manager.
+        """
+        from IPython.display import HTML, Image, display
+
+        display(Image(data=self.loss_png(), format="png"))
+        display(HTML(self.static_html(include_plot=False)))

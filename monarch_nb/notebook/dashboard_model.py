@@ -1,0 +1,578 @@
+"""The dashboard's model: what every panel shows, computed from telemetry events alone.
+
+``DashboardModel.apply(event)`` folds one event into plain Python state; the views
+(``health_cells``, ``quorum_summary``, ``loss_series``, ``markers``, ``recoveries``,
+``event_log``) are what the widgets and the static fallback render. Nothing here knows about
+ipywidgets, threads or matplotlib, so a test can feed a sequence of events and assert on the
+result without a kernel, and a reopened run (``EventStore.open``) is redrawn from the same
+events a live run produced.
+
+Process state is per replica group (the FT run reports ``ReplicaState`` per group) and shown
+on every rank of the group; the rank that actually died is named in the failed cell's detail.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+from monarch_nb.telemetry.events import (
+    Event,
+    FailureDetected,
+    FaultInjected,
+    GaveUp,
+    Healed,
+    Quorum,
+    Rejoined,
+    ReplicasIdentical,
+    ReplicaState,
+    Respawned,
+    RunStarted,
+    RunStopped,
+    Step,
+)
+
+STATES = ("starting", "training", "failed", "respawning", "healing", "stopped")
+FAULT_KINDS = ("kill", "segfault", "exit", "exception", "comms", "hang")
+
+
+@dataclass(frozen=True)
+class StateStyle:
+    """How a state looks: a background colour, a glyph and a word (colour is never the only cue)."""
+
+    background: str
+    foreground: str
+    glyph: str
+    label: str
+
+
+# Colours chosen to be told apart at a glance (red/amber/blue/green/greys); glyph and word
+# carry the same information for colour-blind readers and for screen readers.
+STATE_STYLES: dict[str, StateStyle] = {
+    "starting": StateStyle("#b0bec5", "#102027", "\u25cc", "starting"),
+    "training": StateStyle("#2e7d32", "#ffffff", "\u2713", "training"),
+    "failed": StateStyle("#d32f2f", "#ffffff", "\u2717", "FAILED"),
+    "respawning": StateStyle("#f9a825", "#1a1a1a", "\u21bb", "respawning"),
+    "healing": StateStyle("#1565c0", "#ffffff", "\u21c4", "healing"),
+    "stopped": StateStyle("#616161", "#ffffff", "\u25a0", "stopped"),
+    "unknown": StateStyle("#e0e0e0", "#1a1a1a", "?", "unknown"),
+}
+
+
+def style_of(state: str) -> StateStyle:
+    return STATE_STYLES.get(state, STATE_STYLES["unknown"])
+
+
+@dataclass
+class ReplicaRecord:
+    replica: int
+    state: str = "starting"
+    detail: str = ""
+    failed_rank: int | None = None
+    last_step: int | None = None
+    last_committed_step: int | None = None
+    last_loss: float | None = None
+    tokens_per_s: float | None = None
+    last_seen_t: float | None = None
+    steps_attempted: int = 0
+    steps_committed: int = 0
+    # A failure not yet drawn: the grid shows it for one frame even if the group has moved on
+    # to respawning before the throttled redraw, so no failure is ever invisible.
+    unseen_failure: str | None = None
+    # Why the group is down (cleared when it trains again): kept visible through the recovery.
+    down_reason: str | None = None
+
+
+@dataclass(frozen=True)
+class HealthCell:
+    """One process (replica group x rank) as the health grid shows it."""
+
+    replica: int
+    rank: int
+    state: str
+    last_committed_step: int | None
+    heartbeat_age_s: float | None
+    detail: str
+    style: StateStyle
+
+    @property
+    def text(self) -> str:
+        """Everything the cell says, as words (what a colour-blind reader relies on)."""
+        step = "-" if self.last_committed_step is None else str(self.last_committed_step)
+        age = "-" if self.heartbeat_age_s is None else f"{self.heartbeat_age_s:.1f} s ago"
+        parts = [f"group {self.replica} rank {self.rank}", f"{self.style.glyph} {self.style.label}",
+                 f"step {step}", f"seen {age}"]
+        if self.detail:
+            parts.append(self.detail)
+        return " | ".join(parts)
+
+
+@dataclass(frozen=True)
+class QuorumSummary:
+    quorum_id: int | None
+    participants: int | None
+    total_groups: int
+    steps_committed: int
+    steps_attempted: int
+    global_step: int | None
+
+    @property
+    def text(self) -> str:
+        qid = "-" if self.quorum_id is None else str(self.quorum_id)
+        part = "-" if self.participants is None else str(self.participants)
+        return (f"quorum {qid} | {part}/{self.total_groups} groups | "
+                f"steps committed {self.steps_committed}/{self.steps_attempted} attempted")
+
+
+@dataclass(frozen=True)
+class Marker:
+    """A point of interest on the loss plot: an injected fault, an unplanned failure, a heal."""
+
+    kind: str  # "fault" | "failure" | "heal"
+    replica: int
+    step: int | None
+    t: float
+    label: str
+
+
+@dataclass(frozen=True)
+class Phase:
+    name: str  # detected | respawned | healed | rejoined
+    t: float | None
+    duration_s: float | None
+
+
+@dataclass
+class Recovery:
+    """One failure of one replica group and the phases of its recovery."""
+
+    replica: int
+    fault: str | None  # injected fault kind, or None for an unplanned failure
+    rank: int | None = None
+    reason: str = ""
+    injected_t: float | None = None
+    detected_t: float | None = None
+    detection_s: float | None = None
+    respawned_t: float | None = None
+    respawn_s: float | None = None
+    attempts: int = 0
+    healed_t: float | None = None
+    heal_s: float | None = None
+    heal_bytes: int | None = None
+    heal_step: int | None = None
+    source_replica: int | None = None
+    rejoined_t: float | None = None
+    rejoin_step: int | None = None
+    since_failure_s: float | None = None
+    gave_up: bool = False
+    superseded: bool = False
+
+    @property
+    def start_t(self) -> float | None:
+        return self.injected_t if self.injected_t is not None else self.detected_t
+
+    @property
+    def finished(self) -> bool:
+        return self.rejoined_t is not None or self.gave_up or self.superseded
+
+    @property
+    def status(self) -> str:
+        if self.gave_up:
+            return "gave up"
+        if self.superseded:
+            return "failed again"
+        if self.rejoined_t is not None:
+            return "recovered"
+        if self.detected_t is None:
+            return "detecting"
+        if self.respawned_t is None:
+            return "respawning"
+        if self.healed_t is None:
+            return "healing"
+        return "rejoining"
+
+    def phases(self) -> list[Phase]:
+        def gap(a: float | None, b: float | None) -> float | None:
+            return None if a is None or b is None else max(0.0, b - a)
+
+        detected = self.detection_s if self.detection_s is not None else gap(self.injected_t, self.detected_t)
+        respawned = self.respawn_s if self.respawn_s is not None else gap(self.detected_t, self.respawned_t)
+        healed = self.heal_s if self.heal_s is not None else gap(self.respawned_t, self.healed_t)
+        rejoined = gap(self.healed_t if self.healed_t is not None else self.respawned_t, self.rejoined_t)
+        return [
+            Phase("detected", self.detected_t, detected),
+            Phase("respawned", self.respawned_t, respawned),
+            Phase("healed", self.healed_t, healed),
+            Phase("rejoined", self.rejoined_t, rejoined),
+        ]
+
+    @property
+    def total_s(self) -> float | None:
+        if self.since_failure_s is not None:
+            return self.since_failure_s
+        if self.rejoined_t is not None and self.start_t is not None:
+            return max(0.0, self.rejoined_t - self.start_t)
+        return None
+
+
+@dataclass(frozen=True)
+class PlotData:
+    """A copy of what the loss plot needs, taken under the lock so drawing can happen outside it."""
+
+    series: dict[int, list[tuple[int, float, bool]]]
+    global_loss: list[tuple[int, float]]
+    markers: list[Marker]
+    point_count: int
+    global_step: int | None
+
+
+@dataclass(frozen=True)
+class LogLine:
+    t: float
+    kind: str
+    text: str
+
+
+# Which panels an event can change; the widget layer redraws only those.
+HEADER, HEALTH, QUORUM, PLOT, TIMELINE, CONTROLS = "header", "health", "quorum", "plot", "timeline", "controls"
+PANELS = (HEADER, HEALTH, QUORUM, PLOT, TIMELINE, CONTROLS)
+
+
+class DashboardModel:
+    """Folds telemetry events into what the dashboard shows. Not thread-safe: callers lock."""
+
+    def __init__(self, *, log_size: int = 200) -> None:
+        self.run_id: str | None = None
+        self.config: dict[str, Any] = {}
+        self.started_t: float | None = None
+        self.stopped_t: float | None = None
+        self.stop_reason: str | None = None
+        self.last_event_t: float | None = None
+        self.replicas: dict[int, ReplicaRecord] = {}
+        self.group_size = 1
+        self.configured_replicas: int | None = None
+        self.quorum_id: int | None = None
+        self.quorum_participants: int | None = None
+        self.steps_attempted = 0
+        self.steps_committed = 0
+        self.global_step: int | None = None
+        # loss[replica] = list of (step, loss, committed)
+        self.loss: dict[int, list[tuple[int, float, bool]]] = {}
+        self._global_sum: dict[int, list[float]] = {}  # step -> [sum, count] over committed
+        self.markers: list[Marker] = []
+        self.recoveries: list[Recovery] = []
+        self.identical: tuple[int, bool] | None = None
+        self.log: deque[LogLine] = deque(maxlen=log_size)
+        self.events_seen = 0
+
+    # ---- folding events ---------------------------------------------------------------
+
+    def apply_all(self, events: Iterable[Event]) -> set[str]:
+        changed: set[str] = set()
+        for e in events:
+            changed |= self.apply(e)
+        return changed
+
+    def apply(self, e: Event) -> set[str]:
+        """Fold one event in; returns the panels whose content may have changed."""
+        self.events_seen += 1
+        self.last_event_t = e.t if self.last_event_t is None else max(self.last_event_t, e.t)
+        handler = getattr(self, "_on_" + type(e).__name__, None)
+        if handler is None:
+            return set()
+        return handler(e)
+
+    def _replica(self, replica: int, t: float | None = None) -> ReplicaRecord:
+        rec = self.replicas.get(replica)
+        if rec is None:
+            rec = self.replicas[replica] = ReplicaRecord(replica)
+        if t is not None:
+            rec.last_seen_t = t if rec.last_seen_t is None else max(rec.last_seen_t, t)
+        return rec
+
+    def _set_state(self, rec: ReplicaRecord, state: str, detail: str = "") -> None:
+        rec.state = state
+        rec.detail = detail
+        if state == "failed":
+            rec.unseen_failure = detail or rec.unseen_failure or "failed"
+            rec.down_reason = detail or rec.down_reason or "failed"
+        elif state in ("training", "stopped"):
+            rec.unseen_failure = None
+            rec.down_reason = None
+            rec.failed_rank = None
+
+    def _log(self, e: Event, text: str) -> None:
+        self.log.append(LogLine(e.t, e.kind, text))
+
+    def _open_recovery(self, replica: int) -> Recovery | None:
+        for rec in reversed(self.recoveries):
+            if rec.replica == replica:
+                return None if rec.finished else rec
+        return None
+
+    def _on_RunStarted(self, e: RunStarted) -> set[str]:
+        self.run_id = e.run_id
+        self.config = dict(e.config or {})
+        self.started_t = e.t
+        self.stopped_t = None
+        self.stop_reason = None
+        reps = self.config.get("replicas")
+        if isinstance(reps, int):
+            ids: list[int] = list(range(reps))
+        elif isinstance(reps, (list, tuple)):
+            ids = [int(r) for r in reps]
+        else:
+            ids = []
+        if ids:
+            self.configured_replicas = len(ids)
+        for r in ids:
+            self._replica(r)
+        gs = self.config.get("group_size")
+        if isinstance(gs, int) and gs > 0:
+            self.group_size = gs
+        self._log(e, f"run {e.run_id} started")
+        return {HEADER, HEALTH, QUORUM, TIMELINE, CONTROLS}
+
+    def _on_RunStopped(self, e: RunStopped) -> set[str]:
+        self.stopped_t = e.t
+        self.stop_reason = e.reason
+        for rec in self.replicas.values():
+            if rec.state != "failed" or "gave up" not in rec.detail:
+                self._set_state(rec, "stopped", e.reason if e.reason != "stopped" else "")
+        self._log(e, f"run stopped ({e.reason})")
+        return {HEADER, HEALTH, TIMELINE, CONTROLS}
+
+    def _on_ReplicaState(self, e: ReplicaState) -> set[str]:
+        rec = self._replica(e.replica, e.t)
+        new_replica = rec.state == "starting" and rec.steps_attempted == 0
+        self._set_state(rec, e.state, e.detail)
+        return {HEALTH, CONTROLS} if new_replica else {HEALTH}
+
+    def _on_Step(self, e: Step) -> set[str]:
+        rec = self._replica(e.replica, e.t)
+        rec.steps_attempted += 1
+        self.steps_attempted += 1
+        rec.last_step = e.step
+        rec.last_loss = e.loss
+        rec.tokens_per_s = e.tokens_per_s
+        self.loss.setdefault(e.replica, []).append((e.step, e.loss, e.committed))
+        changed = {HEALTH, QUORUM, PLOT}
+        if e.committed:
+            rec.steps_committed += 1
+            self.steps_committed += 1
+            if rec.last_committed_step is None or e.step > rec.last_committed_step:
+                rec.last_committed_step = e.step
+            if self.global_step is None or e.step > self.global_step:
+                self.global_step = e.step
+            acc = self._global_sum.setdefault(e.step, [0.0, 0])
+            acc[0] += e.loss
+            acc[1] += 1
+            # A committed step proves the group is training again (covers runs that do not
+            # report every state change); a group marked failed stays failed until told.
+            if rec.state in ("starting", "healing", "respawning"):
+                self._set_state(rec, "training")
+        if e.quorum_id is not None and (self.quorum_id is None or e.quorum_id >= self.quorum_id):
+            self.quorum_id = e.quorum_id
+            if e.participants is not None:
+                self.quorum_participants = e.participants
+        return changed
+
+    def _on_Quorum(self, e: Quorum) -> set[str]:
+        if self.quorum_id is not None and e.quorum_id < self.quorum_id:
+            return set()
+        if e.quorum_id != self.quorum_id:
+            members = ", ".join(str(p) for p in e.participants)
+            self._log(e, f"quorum {e.quorum_id}: groups [{members}]")
+            changed = {QUORUM, TIMELINE}
+        else:
+            changed = {QUORUM}
+        self.quorum_id = e.quorum_id
+        self.quorum_participants = len(e.participants)
+        for p in e.participants:
+            if isinstance(p, int):
+                self._replica(p)
+        return changed
+
+    def _on_FaultInjected(self, e: FaultInjected) -> set[str]:
+        rec = self._replica(e.replica)
+        step = e.step if e.step is not None else rec.last_step
+        self.markers.append(Marker("fault", e.replica, step, e.t, e.fault))
+        open_ = self._open_recovery(e.replica)
+        if open_ is not None and open_.detected_t is None and open_.injected_t is not None:
+            pass  # a second injection before the first was even detected: same failure
+        else:
+            if open_ is not None:
+                open_.superseded = True
+            self.recoveries.append(Recovery(e.replica, e.fault, rank=e.rank, injected_t=e.t))
+        self._log(e, f"fault '{e.fault}' injected into group {e.replica} rank {e.rank}"
+                     + (f" at step {step}" if step is not None else ""))
+        return {PLOT, TIMELINE, HEALTH}
+
+    def _on_FailureDetected(self, e: FailureDetected) -> set[str]:
+        rec = self._replica(e.replica, e.t)
+        open_ = self._open_recovery(e.replica)
+        if open_ is not None and open_.detected_t is not None and open_.respawned_t is None:
+            # Monarch reports a dead process more than once; it is the same failure.
+            duplicate = True
+        else:
+            duplicate = False
+            if open_ is None or open_.detected_t is not None:
+                if open_ is not None:
+                    open_.superseded = True
+                open_ = Recovery(e.replica, None)
+                self.recoveries.append(open_)
+                self.markers.append(Marker("failure", e.replica, rec.last_step, e.t, e.reason))
+            open_.detected_t = e.t
+            open_.detection_s = e.detection_s
+            open_.rank = e.rank if e.rank is not None else open_.rank
+            open_.reason = e.reason
+        if not duplicate:
+            self._set_state(rec, "failed", e.reason)
+            rec.failed_rank = e.rank
+        if not duplicate:
+            who = f"group {e.replica}" + (f" rank {e.rank}" if e.rank is not None else "")
+            took = f" after {e.detection_s:.2f} s" if e.detection_s is not None else ""
+            self._log(e, f"failure of {who} detected{took}: {e.reason}")
+        return {HEALTH, TIMELINE}
+
+    def _on_Respawned(self, e: Respawned) -> set[str]:
+        rec = self._replica(e.replica, e.t)
+        open_ = self._open_recovery(e.replica)
+        if open_ is not None:
+            open_.respawned_t = e.t
+            open_.respawn_s = e.seconds
+            open_.attempts = e.attempt
+        if rec.state in ("failed", "respawning"):
+            # The process is back; it heals (or joins) next. Explicit ReplicaState wins later.
+            self._set_state(rec, "healing", f"respawned (attempt {e.attempt})")
+        self._log(e, f"group {e.replica} respawned in {e.seconds:.2f} s (attempt {e.attempt})")
+        return {HEALTH, TIMELINE}
+
+    def _on_Healed(self, e: Healed) -> set[str]:
+        self._replica(e.replica, e.t)
+        self.markers.append(Marker("heal", e.replica, e.step, e.t,
+                                   f"from {e.source_replica}" if e.source_replica is not None else "healed"))
+        open_ = self._open_recovery(e.replica)
+        if open_ is not None:
+            open_.healed_t = e.t
+            open_.heal_s = e.seconds
+            open_.heal_bytes = e.bytes
+            open_.heal_step = e.step
+            open_.source_replica = e.source_replica
+        src = f" from group {e.source_replica}" if e.source_replica is not None else ""
+        self._log(e, f"group {e.replica} healed{src} at step {e.step}: "
+                     f"{_fmt_bytes(e.bytes)} in {e.seconds:.2f} s")
+        return {PLOT, TIMELINE, HEALTH}
+
+    def _on_Rejoined(self, e: Rejoined) -> set[str]:
+        rec = self._replica(e.replica, e.t)
+        open_ = self._open_recovery(e.replica)
+        if open_ is not None:
+            open_.rejoined_t = e.t
+            open_.rejoin_step = e.step
+            open_.since_failure_s = e.seconds_since_failure
+        self._set_state(rec, "training")
+        took = f" {e.seconds_since_failure:.2f} s after the failure" if e.seconds_since_failure is not None else ""
+        self._log(e, f"group {e.replica} rejoined at step {e.step}{took}")
+        return {HEALTH, TIMELINE}
+
+    def _on_GaveUp(self, e: GaveUp) -> set[str]:
+        rec = self._replica(e.replica, e.t)
+        open_ = self._open_recovery(e.replica)
+        if open_ is not None:
+            open_.gave_up = True
+        self._set_state(rec, "failed", f"gave up after {e.attempts} attempts")
+        self._log(e, f"gave up on group {e.replica} after {e.attempts} attempts")
+        return {HEALTH, TIMELINE}
+
+    def _on_ReplicasIdentical(self, e: ReplicasIdentical) -> set[str]:
+        self.identical = (e.step, e.identical)
+        self._log(e, f"step {e.step}: replicas {'bit-identical' if e.identical else 'DIFFER'}"
+                     f" ({len(e.hashes)} hashes)")
+        return {TIMELINE, HEADER}
+
+    # ---- views ------------------------------------------------------------------------
+
+    @property
+    def live(self) -> bool:
+        return self.started_t is not None and self.stopped_t is None
+
+    def reference_time(self, now: float) -> float:
+        """'Now' for heartbeat ages: the wall clock while live, the stop time once stopped."""
+        return self.stopped_t if self.stopped_t is not None else now
+
+    @property
+    def total_groups(self) -> int:
+        known = len(self.replicas)
+        return max(known, self.configured_replicas or 0)
+
+    def health_cells(self, now: float) -> list[HealthCell]:
+        """The grid. A failure not yet drawn (see ``mark_drawn``) shows as failed."""
+        ref = self.reference_time(now)
+        cells = []
+        for replica in sorted(self.replicas):
+            rec = self.replicas[replica]
+            age = None if rec.last_seen_t is None else max(0.0, ref - rec.last_seen_t)
+            state = "failed" if rec.unseen_failure is not None else rec.state
+            for rank in range(self.group_size):
+                detail = rec.detail
+                if state == "failed":
+                    reason = rec.unseen_failure if rec.state != "failed" else rec.detail
+                    if rec.failed_rank is None:
+                        detail = reason or ""
+                    elif rank == rec.failed_rank:
+                        detail = f"rank {rec.failed_rank} died: {reason}"
+                    else:
+                        detail = f"group down (rank {rec.failed_rank} died)"
+                elif rec.down_reason is not None and state in ("respawning", "healing"):
+                    detail = f"{rec.detail + '; ' if rec.detail else ''}after failure: {rec.down_reason}"
+                cells.append(HealthCell(replica, rank, state, rec.last_committed_step, age,
+                                        detail, style_of(state)))
+        return cells
+
+    def mark_drawn(self) -> bool:
+        """The grid was drawn: failures shown once now show the group's current state.
+
+        Returns True when a drawn failure is already stale (the grid needs another frame).
+        """
+        stale = False
+        for rec in self.replicas.values():
+            if rec.unseen_failure is not None:
+                stale |= rec.state != "failed"
+                rec.unseen_failure = None
+        return stale
+
+    def quorum_summary(self) -> QuorumSummary:
+        return QuorumSummary(self.quorum_id, self.quorum_participants, self.total_groups,
+                             self.steps_committed, self.steps_attempted, self.global_step)
+
+    def loss_series(self) -> dict[int, list[tuple[int, float, bool]]]:
+        return {r: list(pts) for r, pts in sorted(self.loss.items())}
+
+    def global_loss(self) -> list[tuple[int, float]]:
+        """Committed global loss: per step, the mean loss of the groups that committed it."""
+        return [(s, acc[0] / acc[1]) for s, acc in sorted(self._global_sum.items())]
+
+    def point_count(self) -> int:
+        return sum(len(v) for v in self.loss.values())
+
+    def plot_data(self) -> PlotData:
+        return PlotData(self.loss_series(), self.global_loss(), list(self.markers), self.point_count(),
+                        self.global_step)
+
+    def event_log(self, last: int = 20) -> list[LogLine]:
+        return list(self.log)[-last:]
+
+
+def _fmt_bytes(n: int | None) -> str:
+    if n is None:
+        return "-"
+    for unit in ("B", "KB", "MB", "GB"):
+        if abs(n) < 1024 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024  # type: ignore[assignment]
+    return f"{n} B"
+
+
+fmt_bytes = _fmt_bytes

@@ -1,0 +1,327 @@
+"""Rendering of the dashboard model: HTML fragments for the panels and a matplotlib loss plot.
+
+The same functions feed the live widgets (ipywidgets ``HTML``/``Image`` values) and the static
+fallback (one self-contained HTML block with the plot as an embedded PNG), so a notebook run
+headless in CI shows the same health table, recoveries and curves without a kernel.
+
+Plotting is matplotlib's Agg renderer on a private ``Figure`` (never pyplot, so it is safe off
+the main thread and independent of the notebook's backend), encoded as PNG. Every element
+carries ``mnb-*`` classes and ``data-*`` attributes so tests (and users' CSS) can find it.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import time
+from typing import Iterable
+
+from .dashboard_model import (
+    STATE_STYLES,
+    DashboardModel,
+    PlotData,
+    HealthCell,
+    LogLine,
+    QuorumSummary,
+    Recovery,
+    fmt_bytes,
+    style_of,
+)
+
+# Okabe-Ito palette: distinguishable with the common colour-vision deficiencies.
+REPLICA_COLOURS = ("#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#F0E442", "#999999")
+GLOBAL_COLOUR = "#000000"
+
+
+def _e(s: object) -> str:
+    return html.escape(str(s), quote=True)
+
+
+def _secs(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2f} s"
+
+
+def _clock(t: float | None, t0: float | None) -> str:
+    if t is None:
+        return "-"
+    if t0 is not None:
+        return f"+{t - t0:.1f} s"
+    return time.strftime("%H:%M:%S", time.localtime(t))
+
+
+# ---- header -----------------------------------------------------------------------------
+
+
+def header_html(model: DashboardModel, now: float) -> str:
+    if model.run_id is None:
+        status, colour = "waiting for run", "#616161"
+    elif model.live:
+        status, colour = "running", "#2e7d32"
+    else:
+        status, colour = f"stopped ({model.stop_reason})", "#616161"
+    elapsed = ""
+    if model.started_t is not None:
+        end = model.stopped_t if model.stopped_t is not None else now
+        elapsed = f" &middot; {max(0.0, end - model.started_t):.0f} s"
+    ident = ""
+    if model.identical is not None:
+        step, same = model.identical
+        ident = (f" &middot; <span class='mnb-identical' data-identical='{str(same).lower()}'>"
+                 f"step {step}: replicas {'bit-identical' if same else 'DIFFER'}</span>")
+    return (f"<div class='mnb-header' data-status='{_e(status.split()[0])}' "
+            f"style='font-size:14px;padding:2px 0'>"
+            f"<b>monarch_nb run</b> <code>{_e(model.run_id or '-')}</code> "
+            f"<span style='color:{colour};font-weight:bold'>{_e(status)}</span>{elapsed}{ident}</div>")
+
+
+# ---- health grid ------------------------------------------------------------------------
+
+
+def _cell_html(c: HealthCell) -> str:
+    st = c.style
+    step = "-" if c.last_committed_step is None else str(c.last_committed_step)
+    age = "-" if c.heartbeat_age_s is None else f"{c.heartbeat_age_s:.0f} s ago" if c.heartbeat_age_s >= 10 \
+        else f"{c.heartbeat_age_s:.1f} s ago"
+    detail = f"<div class='mnb-cell-detail' style='font-size:11px;opacity:.9'>{_e(c.detail)}</div>" if c.detail else ""
+    return (f"<div class='mnb-cell mnb-state-{_e(c.state)}' data-replica='{c.replica}' data-rank='{c.rank}' "
+            f"data-state='{_e(c.state)}' data-step='{step}' title='{_e(c.text)}' role='status' "
+            f"aria-label='{_e(c.text)}' style='background:{st.background};color:{st.foreground};"
+            f"border-radius:4px;padding:4px 6px;min-width:120px;font-family:sans-serif;font-size:12px'>"
+            f"<div class='mnb-cell-id' style='font-size:11px'>group {c.replica} &middot; rank {c.rank}</div>"
+            f"<div class='mnb-cell-state' style='font-weight:bold;font-size:13px'>{_e(st.glyph)} {_e(st.label)}</div>"
+            f"<div class='mnb-cell-step'>step {step} &middot; <span class='mnb-cell-age'>{_e(age)}</span></div>"
+            f"{detail}</div>")
+
+
+def legend_html() -> str:
+    items = []
+    for state, st in STATE_STYLES.items():
+        if state == "unknown":
+            continue
+        items.append(f"<span style='background:{st.background};color:{st.foreground};padding:0 4px;"
+                     f"border-radius:3px;margin-right:4px'>{_e(st.glyph)} {_e(st.label)}</span>")
+    return f"<div class='mnb-legend' style='font-size:11px;margin-top:3px'>{''.join(items)}</div>"
+
+
+def health_html(cells: list[HealthCell]) -> str:
+    if not cells:
+        return "<div class='mnb-health' data-cells='0'><i>no processes yet</i></div>"
+    columns = max(c.rank for c in cells) + 1
+    body = "".join(_cell_html(c) for c in cells)
+    return (f"<div class='mnb-health' data-cells='{len(cells)}'>"
+            f"<div style='display:grid;grid-template-columns:repeat({columns},max-content);gap:4px'>{body}</div>"
+            f"{legend_html()}</div>")
+
+
+def health_table_html(cells: list[HealthCell]) -> str:
+    """Health as a plain table (static fallback: readable in any HTML viewer, no CSS grid)."""
+    rows = []
+    for c in cells:
+        st = c.style
+        step = "-" if c.last_committed_step is None else str(c.last_committed_step)
+        age = "-" if c.heartbeat_age_s is None else f"{c.heartbeat_age_s:.1f} s"
+        rows.append(f"<tr class='mnb-row' data-replica='{c.replica}' data-rank='{c.rank}' data-state='{_e(c.state)}'>"
+                    f"<td>{c.replica}</td><td>{c.rank}</td>"
+                    f"<td style='background:{st.background};color:{st.foreground};font-weight:bold'>"
+                    f"{_e(st.glyph)} {_e(st.label)}</td><td>{step}</td><td>{age}</td><td>{_e(c.detail)}</td></tr>")
+    return ("<table class='mnb-health-table' border='1' style='border-collapse:collapse;font-size:12px'>"
+            "<thead><tr><th>group</th><th>rank</th><th>state</th><th>last committed step</th>"
+            "<th>heartbeat age</th><th>detail</th></tr></thead><tbody>" + "".join(rows) + "</tbody></table>")
+
+
+# ---- quorum -----------------------------------------------------------------------------
+
+
+def quorum_html(q: QuorumSummary) -> str:
+    qid = "-" if q.quorum_id is None else str(q.quorum_id)
+    part = "-" if q.participants is None else str(q.participants)
+    pct = f" ({100.0 * q.steps_committed / q.steps_attempted:.1f}%)" if q.steps_attempted else ""
+    gstep = "-" if q.global_step is None else str(q.global_step)
+    degraded = q.participants is not None and q.participants < q.total_groups
+    colour = "#b26a00" if degraded else "inherit"
+    return (f"<div class='mnb-quorum' data-quorum-id='{qid}' data-participants='{part}' "
+            f"data-total='{q.total_groups}' data-committed='{q.steps_committed}' data-attempted='{q.steps_attempted}' "
+            f"style='font-family:sans-serif;font-size:13px;padding:2px 0'>"
+            f"<b>quorum</b> {qid} &middot; <span style='color:{colour}'><b>{part}/{q.total_groups}</b> groups "
+            f"participating</span> &middot; <b>steps committed</b> {q.steps_committed} / {q.steps_attempted} "
+            f"attempted{pct} &middot; global step {gstep}</div>")
+
+
+# ---- recoveries and event list ----------------------------------------------------------
+
+PHASE_COLOURS = {"detected": "#d32f2f", "respawned": "#f9a825", "healed": "#1565c0", "rejoined": "#2e7d32"}
+
+
+def recoveries_html(recoveries: list[Recovery], t0: float | None, *, bars: bool = True) -> str:
+    if not recoveries:
+        return "<div class='mnb-recoveries' data-count='0'><i>no failures so far</i></div>"
+    rows = []
+    longest = max((r.total_s or sum(p.duration_s or 0.0 for p in r.phases())) for r in recoveries) or 1.0
+    for i, r in enumerate(recoveries):
+        phases = r.phases()
+        cells = "".join(
+            f"<td class='mnb-phase' data-phase='{p.name}' data-seconds='{'' if p.duration_s is None else f'{p.duration_s:.3f}'}'>"
+            f"{_secs(p.duration_s)}<br><span style='font-size:10px;color:#666'>{_clock(p.t, t0)}</span></td>"
+            for p in phases)
+        bar = ""
+        if bars:
+            segs = "".join(
+                f"<span title='{p.name} {_secs(p.duration_s)}' style='display:inline-block;height:10px;"
+                f"width:{max(1.0, 160.0 * (p.duration_s or 0.0) / longest):.0f}px;background:{PHASE_COLOURS[p.name]}'></span>"
+                for p in phases if p.duration_s is not None)
+            bar = f"<td style='white-space:nowrap'>{segs}</td>"
+        fault = r.fault or "unplanned"
+        heal = ""
+        if r.heal_bytes is not None:
+            src = f" from {r.source_replica}" if r.source_replica is not None else ""
+            heal = f"{fmt_bytes(r.heal_bytes)}{src}"
+        rows.append(
+            f"<tr class='mnb-recovery' data-index='{i}' data-replica='{r.replica}' data-status='{_e(r.status)}'>"
+            f"<td>{r.replica}</td><td>{_e(fault)}</td><td>{_clock(r.start_t, t0)}</td>{cells}"
+            f"<td><b>{_secs(r.total_s)}</b></td><td>{_e(r.status)}</td><td>{_e(heal)}</td>{bar}</tr>")
+    bar_head = "<th>timeline</th>" if bars else ""
+    return ("<div class='mnb-recoveries' data-count='%d'><table border='1' style='border-collapse:collapse;"
+            "font-family:sans-serif;font-size:12px'><thead><tr><th>group</th><th>fault</th><th>at</th>"
+            "<th>detected</th><th>respawned</th><th>healed</th><th>rejoined</th><th>total</th><th>status</th>"
+            "<th>state copied</th>%s</tr></thead><tbody>%s</tbody></table></div>"
+            % (len(recoveries), bar_head, "".join(rows)))
+
+
+def events_html(lines: Iterable[LogLine], t0: float | None) -> str:
+    items = "".join(f"<li class='mnb-event' data-kind='{_e(line.kind)}'><code>{_clock(line.t, t0)}</code> "
+                    f"{_e(line.text)}</li>" for line in lines)
+    return (f"<ul class='mnb-events' style='font-family:sans-serif;font-size:12px;margin:2px 0;"
+            f"padding-left:18px;max-height:160px;overflow:auto'>{items or '<li><i>no events</i></li>'}</ul>")
+
+
+def timeline_html(model: DashboardModel, last_events: int = 12) -> str:
+    t0 = model.started_t
+    return (recoveries_html(model.recoveries, t0)
+            + "<div style='font-size:12px;margin-top:4px'><b>events</b></div>"
+            + events_html(reversed(model.event_log(last_events)), t0))
+
+
+# ---- loss plot --------------------------------------------------------------------------
+
+
+def _downsample(points: list, limit: int) -> list:
+    if len(points) <= limit:
+        return points
+    stride = len(points) / limit
+    out = [points[int(i * stride)] for i in range(limit)]
+    out[-1] = points[-1]
+    return out
+
+
+class LossPlot:
+    """Loss curves (one line per replica group + committed global loss) with fault/heal markers.
+
+    Keeps one matplotlib Figure and redraws it into a PNG. Not thread-safe: one renderer at a
+    time (the dashboard holds a lock around it).
+    """
+
+    def __init__(self, *, width_in: float = 7.5, height_in: float = 3.0, dpi: int = 80,
+                 max_points_per_line: int = 1500) -> None:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+
+        self.fig = Figure(figsize=(width_in, height_in), dpi=dpi)
+        FigureCanvasAgg(self.fig)
+        self.ax = self.fig.add_subplot()
+        self.max_points = max_points_per_line
+        self.last_render_s = 0.0
+
+    def render(self, data: PlotData, *, dpi: int | None = None) -> bytes:
+        t0 = time.thread_time()
+        ax = self.ax
+        ax.clear()
+        series = data.series
+        for replica, pts in series.items():
+            colour = REPLICA_COLOURS[replica % len(REPLICA_COLOURS)]
+            committed = _downsample([(s, l) for s, l, c in pts if c], self.max_points)
+            dropped = [(s, l) for s, l, c in pts if not c][-200:]
+            if committed:
+                xs, ys = zip(*committed)
+                ax.plot(xs, ys, lw=1.4, color=colour, label=f"group {replica}", alpha=0.9)
+            else:
+                ax.plot([], [], lw=1.0, color=colour, label=f"group {replica}")
+            if dropped:
+                xs, ys = zip(*dropped)
+                ax.scatter(xs, ys, s=12, facecolors="none", edgecolors=colour, linewidths=0.8)
+        glob = _downsample(data.global_loss, self.max_points)
+        if glob:
+            xs, ys = zip(*glob)
+            ax.plot(xs, ys, lw=1.6, ls="--", color=GLOBAL_COLOUR, label="committed (global)", alpha=0.8)
+        self._markers(data)
+        ax.set_xlabel("step")
+        ax.set_ylabel("loss")
+        ax.grid(True, alpha=0.3)
+        if series or glob:
+            ax.legend(loc="upper right", fontsize=8, ncol=2, framealpha=0.8)
+        ax.set_title(f"loss: {data.point_count} points, global step "
+                     f"{'-' if data.global_step is None else data.global_step}", fontsize=10)
+        self.fig.tight_layout()
+        buf = io.BytesIO()
+        self.fig.savefig(buf, format="png", dpi=dpi or self.fig.dpi, pil_kwargs={"compress_level": 1})
+        self.last_render_s = time.thread_time() - t0
+        return buf.getvalue()
+
+    def _markers(self, data: PlotData) -> None:
+        ax = self.ax
+        series = data.series
+        glob = dict(data.global_loss)
+
+        def y_at(replica: int, step: int | None) -> float | None:
+            if step is None:
+                return None
+            best = None
+            for s, l, _c in series.get(replica, []):
+                if s <= step:
+                    best = l
+            if best is None:
+                best = glob.get(step)
+            return best
+
+        done = {"fault": False, "failure": False, "heal": False}
+        style = {"fault": dict(marker="X", color="#d32f2f", s=90, label="fault injected"),
+                 "failure": dict(marker="v", color="#d32f2f", s=70, label="failure"),
+                 "heal": dict(marker="^", color="#1565c0", s=80, label="healed")}
+        for m in data.markers:
+            if m.step is None:
+                continue
+            y = y_at(m.replica, m.step)
+            kw = dict(style[m.kind])
+            if done[m.kind]:
+                kw.pop("label")
+            done[m.kind] = True
+            ax.axvline(m.step, color=kw["color"], lw=0.7, ls=":" if m.kind != "heal" else "--", alpha=0.6)
+            if y is not None:
+                ax.scatter([m.step], [y], zorder=5, edgecolors="white", linewidths=0.8, **kw)
+                ax.annotate(f"{m.replica}", (m.step, y), textcoords="offset points", xytext=(4, 4),
+                            fontsize=7, color=kw["color"])
+
+
+def png_data_url(png: bytes) -> str:
+    return "data:image/png;base64," + base64.b64encode(png).decode("ascii")
+
+
+def static_html(model: DashboardModel, png: bytes | None, now: float) -> str:
+    """The whole dashboard as one self-contained HTML block (no JavaScript, no widgets).
+
+    With ``png`` the loss plot is embedded as a data URL; without, only the tables.
+    """
+    cells = model.health_cells(now)
+    img = f"<img class='mnb-static-plot' alt='loss curves' src='{png_data_url(png)}'/>" if png else ""
+    return ("<div class='mnb-static' style='font-family:sans-serif'>"
+            + header_html(model, now)
+            + quorum_html(model.quorum_summary())
+            + img
+            + "<h4 style='margin:4px 0'>health</h4>" + health_table_html(cells)
+            + "<h4 style='margin:4px 0'>recoveries</h4>" + recoveries_html(model.recoveries, model.started_t, bars=False)
+            + "<h4 style='margin:4px 0'>events</h4>" + events_html(model.event_log(50), model.started_t)
+            + "</div>")
+
+
+__all__ = ["LossPlot", "header_html", "health_html", "health_table_html", "quorum_html", "recoveries_html",
+           "events_html", "timeline_html", "static_html", "png_data_url", "style_of"]

@@ -1,0 +1,365 @@
+"""The dashboard's model and widgets, without a kernel: feed telemetry events, read what shows.
+
+Event sequences here are synthetic on purpose: they specify what the dashboard must show for a
+given history, independent of how a run produced it.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from monarch_nb.notebook.dashboard import Dashboard
+from monarch_nb.notebook.dashboard_model import STATE_STYLES, DashboardModel
+from monarch_nb.notebook.dashboard_render import health_html, recoveries_html
+from monarch_nb.telemetry import EventStore
+from monarch_nb.telemetry.events import (
+    FailureDetected,
+    FaultInjected,
+    GaveUp,
+    Healed,
+    Quorum,
+    Rejoined,
+    ReplicasIdentical,
+    ReplicaState,
+    Respawned,
+    RunStarted,
+    RunStopped,
+    Step,
+)
+
+T0 = 1_700_000_000.0
+
+
+def healthy_run(replicas: int = 3, group_size: int = 2, steps: int = 10) -> list:
+    evs = [RunStarted(t=T0, run_id="r", config={"replicas": replicas, "group_size": group_size})]
+    evs += [ReplicaState(t=T0 + 0.1, replica=r, state="training") for r in range(replicas)]
+    evs.append(Quorum(t=T0 + 0.2, quorum_id=1, participants=list(range(replicas))))
+    for s in range(steps):
+        for r in range(replicas):
+            evs.append(Step(t=T0 + 1 + s, replica=r, step=s, loss=3.0 - 0.1 * s + 0.01 * r,
+                            tokens_per_s=1000.0, committed=True, quorum_id=1, participants=replicas))
+    return evs
+
+
+def kill_and_recover(replica: int = 1, at: float = T0 + 20) -> list:
+    return [
+        FaultInjected(t=at, fault="kill", replica=replica, rank=1, step=10),
+        FailureDetected(t=at + 0.5, replica=replica, rank=1, reason="SIGKILL", detection_s=0.5),
+        ReplicaState(t=at + 0.5, replica=replica, state="failed", detail="SIGKILL"),
+        Quorum(t=at + 1.0, quorum_id=2, participants=[r for r in range(3) if r != replica]),
+        ReplicaState(t=at + 0.6, replica=replica, state="respawning"),
+        Respawned(t=at + 3.0, replica=replica, attempt=1, seconds=2.4),
+        ReplicaState(t=at + 3.0, replica=replica, state="healing"),
+        Healed(t=at + 3.1, replica=replica, step=12, bytes=2_000_000, seconds=0.05, source_replica=0),
+        Rejoined(t=at + 3.6, replica=replica, step=13, seconds_since_failure=3.6),
+        ReplicaState(t=at + 3.6, replica=replica, state="training"),
+        Quorum(t=at + 3.7, quorum_id=3, participants=[0, 1, 2]),
+    ]
+
+
+def model_of(events) -> DashboardModel:
+    m = DashboardModel()
+    m.apply_all(events)
+    return m
+
+
+def cells_of(m: DashboardModel, replica: int, now: float = T0 + 100):
+    return [c for c in m.health_cells(now) if c.replica == replica]
+
+
+# ---- the model ----------------------------------------------------------------------------
+
+
+def test_grid_has_one_cell_per_process_of_every_configured_group():
+    m = model_of(healthy_run(replicas=3, group_size=2))
+    cells = m.health_cells(T0 + 11)
+    assert [(c.replica, c.rank) for c in cells] == [(r, k) for r in range(3) for k in range(2)]
+    assert {c.state for c in cells} == {"training"}
+    assert {c.last_committed_step for c in cells} == {9}
+    assert cells[0].heartbeat_age_s == pytest.approx(1.0)
+
+
+def test_failure_turns_the_groups_cells_red_and_names_the_dead_rank():
+    m = model_of(healthy_run() + kill_and_recover()[:3])
+    failed = cells_of(m, 1)
+    assert {c.state for c in failed} == {"failed"}
+    assert {c.style.background for c in failed} == {STATE_STYLES["failed"].background}
+    assert failed[1].style.background.lower() == "#d32f2f"  # red
+    assert "FAILED" in failed[1].text and "rank 1 died: SIGKILL" in failed[1].text
+    assert "rank 1 died" in failed[0].detail  # the survivor rank of the group says why it is down
+    # other groups are untouched
+    assert {c.state for c in cells_of(m, 0)} == {"training"}
+    html = health_html(m.health_cells(T0 + 100))
+    assert "data-replica='1' data-rank='1' data-state='failed'" in html
+    assert "\u2717 FAILED" in html  # glyph + word, not colour alone
+
+
+def test_every_state_has_a_distinct_colour_glyph_and_word():
+    styles = [STATE_STYLES[s] for s in ("starting", "training", "failed", "respawning", "healing", "stopped")]
+    assert len({s.background for s in styles}) == 6
+    assert len({s.glyph for s in styles}) == 6
+    assert len({s.label.lower() for s in styles}) == 6
+
+
+def test_heal_adds_a_marker_and_the_group_is_training_again():
+    before = model_of(healthy_run() + kill_and_recover()[:6])
+    assert [m.kind for m in before.markers] == ["fault"]
+    after = model_of(healthy_run() + kill_and_recover())
+    kinds = [(m.kind, m.replica, m.step) for m in after.markers]
+    assert kinds == [("fault", 1, 10), ("heal", 1, 12)]
+    assert {c.state for c in cells_of(after, 1)} == {"training"}
+
+
+def test_recovery_lists_each_phase_with_its_duration():
+    m = model_of(healthy_run() + kill_and_recover())
+    (rec,) = m.recoveries
+    assert rec.status == "recovered" and rec.fault == "kill" and rec.rank == 1
+    durations = {p.name: p.duration_s for p in rec.phases()}
+    assert durations == pytest.approx({"detected": 0.5, "respawned": 2.4, "healed": 0.05, "rejoined": 0.5})
+    assert rec.total_s == pytest.approx(3.6)
+    html = recoveries_html(m.recoveries, m.started_t)
+    assert "data-phase='respawned' data-seconds='2.400'" in html and "recovered" in html
+
+
+def test_recovery_in_progress_reports_the_phase_it_waits_for():
+    evs = healthy_run() + kill_and_recover()
+    m = model_of(evs[:-5])  # up to Respawned
+    assert m.recoveries[0].status == "healing"
+    assert [p.duration_s for p in m.recoveries[0].phases()][2:] == [None, None]
+
+
+def test_duplicate_failure_reports_are_one_failure():
+    evs = healthy_run() + kill_and_recover()[:2]
+    evs.append(FailureDetected(t=T0 + 20.6, replica=1, rank=1, reason="SIGKILL (logger mesh)"))
+    m = model_of(evs)
+    assert len(m.recoveries) == 1 and m.recoveries[0].reason == "SIGKILL"
+
+
+def test_unplanned_failure_gets_its_own_recovery_and_marker():
+    evs = healthy_run() + [FailureDetected(t=T0 + 30, replica=2, rank=None, reason="segfault")]
+    m = model_of(evs)
+    assert m.recoveries[0].fault is None and m.recoveries[0].status == "respawning"
+    assert [mk.kind for mk in m.markers] == ["failure"]
+
+
+def test_gave_up_keeps_the_group_failed_after_the_run_stops():
+    evs = healthy_run() + kill_and_recover()[:3] + [GaveUp(t=T0 + 40, replica=1, attempts=3),
+                                                   RunStopped(t=T0 + 41, run_id="r")]
+    m = model_of(evs)
+    assert m.recoveries[0].status == "gave up"
+    assert {c.state for c in cells_of(m, 1)} == {"failed"}
+    assert {c.state for c in cells_of(m, 0)} == {"stopped"}
+    # heartbeat ages of a stopped run are measured to the stop, not to the wall clock
+    assert cells_of(m, 0, now=T0 + 10_000)[0].heartbeat_age_s == pytest.approx(31.0)
+
+
+def test_quorum_summary_counts_participants_and_committed_steps():
+    evs = healthy_run(steps=4) + kill_and_recover()[:4]
+    evs.append(Step(t=T0 + 22, replica=0, step=4, loss=2.5, tokens_per_s=1.0, committed=False,
+                    quorum_id=2, participants=2))
+    q = model_of(evs).quorum_summary()
+    assert (q.quorum_id, q.participants, q.total_groups) == (2, 2, 3)
+    assert (q.steps_committed, q.steps_attempted) == (12, 13)
+    assert "2/3 groups" in q.text and "committed 12/13" in q.text
+
+
+def test_global_loss_is_the_mean_of_committed_losses_per_step():
+    evs = healthy_run(replicas=2, steps=2)
+    evs.append(Step(t=T0 + 5, replica=0, step=2, loss=9.0, tokens_per_s=1.0, committed=False))
+    m = model_of(evs)
+    steps, losses = zip(*m.global_loss())
+    assert steps == (0, 1) and losses == pytest.approx([3.005, 2.905])
+    assert len(m.loss_series()[0]) == 3  # the dropped step is kept per group, not in the global line
+
+
+def test_replicas_identical_shows_in_the_event_log():
+    m = model_of(healthy_run() + [ReplicasIdentical(t=T0 + 50, step=9, identical=True, hashes={"0": "a"})])
+    assert "bit-identical" in m.event_log()[-1].text
+
+
+# ---- the widgets --------------------------------------------------------------------------
+
+
+class FakeRun:
+    def __init__(self):
+        self.calls = []
+        self.called = threading.Event()
+
+    def inject(self, kind, replica):
+        self.calls.append(("inject", kind, replica))
+        self.called.set()
+
+    def stop(self):
+        self.calls.append(("stop",))
+        self.called.set()
+
+
+def store_of(events) -> EventStore:
+    s = EventStore()
+    for e in events:
+        s.append(e)
+    return s
+
+
+def test_dashboard_replays_history_before_it_is_displayed():
+    d = Dashboard(store_of(healthy_run() + kill_and_recover()[:4]))
+    try:
+        assert "data-replica='1' data-rank='1' data-state='failed'" in d.health.value
+        assert "data-participants='2'" in d.quorum.value
+        assert bytes(d.plot.value).startswith(b"\x89PNG")
+        assert "data-points='30'" in d.plot_caption.value
+        assert "data-status='respawning'" in d.timeline.value
+        bundle = d._repr_mimebundle_()
+        assert "application/vnd.jupyter.widget-view+json" in bundle
+    finally:
+        d.close()
+
+
+def test_live_events_reach_the_widgets_from_a_writer_thread():
+    store = store_of(healthy_run())
+    d = Dashboard(store, max_hz=50)
+    seen = threading.Event()
+    d.health.observe(lambda ch: "data-state='failed'" in ch["new"] and seen.set(), "value")
+    try:
+        writer = threading.Thread(target=lambda: [store.append(e) for e in kill_and_recover()[:3]])
+        writer.start()
+        writer.join()
+        assert seen.wait(5), "the failed cell never reached the health widget"
+        healed = threading.Event()
+        d.plot_caption.observe(lambda ch: "data-markers='2'" in ch["new"] and healed.set(), "value")
+        threading.Thread(target=lambda: [store.append(e) for e in kill_and_recover()[3:]]).start()
+        assert healed.wait(10), "the heal marker never reached the plot"
+    finally:
+        d.close()
+
+
+def test_a_burst_of_events_is_throttled_per_widget():
+    store = store_of(healthy_run(steps=1))
+    d = Dashboard(store, max_hz=10, heartbeat_interval_s=0)
+    counts = {"health": 0, "quorum": 0}
+    d.health.observe(lambda ch: counts.__setitem__("health", counts["health"] + 1), "value")
+    d.quorum.observe(lambda ch: counts.__setitem__("quorum", counts["quorum"] + 1), "value")
+    try:
+        start = time.monotonic()
+        n = 0
+        while time.monotonic() - start < 0.6:  # as fast as the writer can go
+            for r in range(3):
+                store.append(Step(replica=r, step=n + 1, loss=2.0, tokens_per_s=1.0, committed=True,
+                                  quorum_id=1, participants=3))
+            n += 1
+        elapsed = time.monotonic() - start
+    finally:
+        d.close(final_flush=False)
+    assert n > 100  # thousands of events in practice
+    allowed = elapsed * 10 + 2  # <= max_hz per widget (+1 for the first, +1 for rounding)
+    assert 1 <= counts["health"] <= allowed and 1 <= counts["quorum"] <= allowed, (counts, n, elapsed)
+
+
+def test_close_stops_updates():
+    store = store_of(healthy_run())
+    d = Dashboard(store)
+    d.close()
+    before = d.health.value
+    store.append(FailureDetected(replica=0, rank=0, reason="late"))
+    assert d.health.value == before and d.closed
+    assert not d._thread.is_alive()
+
+
+def test_controls_call_the_run_off_the_message_loop():
+    run = FakeRun()
+    d = Dashboard(store_of(healthy_run()), controls=run)
+    try:
+        assert d.controls_box.layout.display != "none"
+        assert [v for _, v in d.replica_choice.options] == [0, 1, 2]
+        d.fault_kind.value = "segfault"
+        d.replica_choice.value = 2
+        d.inject_button.click()
+        assert run.called.wait(5)
+        assert run.calls == [("inject", "segfault", 2)]
+        run.called.clear()
+        d.stop_button.click()
+        assert run.called.wait(5) and run.calls[-1] == ("stop",)
+    finally:
+        d.close()
+
+
+def test_controls_are_hidden_and_disabled_for_a_reopened_run():
+    d = Dashboard(store_of(healthy_run()), controls=None)
+    try:
+        assert d.controls_box.layout.display == "none"
+        assert d.inject_button.disabled and d.stop_button.disabled
+    finally:
+        d.close()
+
+
+def test_a_finished_run_redraws_from_its_event_log(tmp_path):
+    path = tmp_path / "run" / "events.jsonl"
+    live = EventStore(path)
+    for e in healthy_run() + kill_and_recover() + [RunStopped(t=T0 + 60, run_id="r")]:
+        live.append(e)
+    live.close()
+    d = Dashboard.open(path.parent)
+    try:
+        assert "data-state='stopped'" in d.health.value and "data-state='failed'" not in d.health.value
+        assert "data-status='recovered'" in d.timeline.value
+        assert "data-markers='2'" in d.plot_caption.value
+        assert "stopped" in d.header.value
+    finally:
+        d.close()
+
+
+def test_static_fallback_has_the_plot_and_the_tables():
+    d = Dashboard(store_of(healthy_run() + kill_and_recover()[:3]))
+    try:
+        html = d.static_html()
+        assert "data:image/png;base64," in html
+        assert "<table class='mnb-health-table'" in html and "data-state='failed'" in html
+        assert "mnb-recovery" in html and "<script" not in html
+        assert "data:image/png" not in d.static_html(include_plot=False)
+    finally:
+        d.close()
+
+
+def test_dashboard_follows_a_synthetic_run_through_an_injected_fault():
+    from monarch_nb.notebook.dashboard_replay import SyntheticRun
+
+    run = SyntheticRun(replicas=2, step_hz=50, phase_s=0.2)
+    d = Dashboard(run.events, controls=run, max_hz=50)
+    states: list[str] = []
+    recovered = threading.Event()
+
+    def watch(ch):
+        cell = ch["new"].split("data-replica='1' data-rank='0' data-state='")
+        if len(cell) > 1:
+            states.append(cell[1].split("'")[0])
+            if "failed" in states and states[-1] == "training":
+                recovered.set()
+
+    d.health.observe(watch, "value")
+    try:
+        run.start()
+        assert run.wait_for_step(5)
+        d.inject_button.disabled = False
+        d.replica_choice.value = 1
+        d.inject_button.click()
+        assert recovered.wait(10), states
+        assert run.wait_for_step(run.step + 3)
+    finally:
+        run.stop()
+        d.close()
+    assert d.model.recoveries[0].status == "recovered"
+    assert "data-state='stopped'" in d.health.value
+
+
+def test_a_failure_is_drawn_at_least_once_even_if_respawn_started_before_the_redraw():
+    m = model_of(healthy_run() + kill_and_recover()[:5])  # failed, then respawning at once
+    assert m.replicas[1].state == "respawning"
+    assert {c.state for c in cells_of(m, 1)} == {"failed"}  # the frame after the failure
+    assert m.mark_drawn() is True  # that frame is stale: draw again
+    cells = cells_of(m, 1)
+    assert {c.state for c in cells} == {"respawning"}
+    assert "after failure: SIGKILL" in cells[0].detail  # still says why the group is down
+    assert m.mark_drawn() is False
