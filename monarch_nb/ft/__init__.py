@@ -1,0 +1,18 @@
+"""Fault-tolerant training from the controller: torchft replica groups on Monarch meshes.
+
+``FTRun`` starts a torchft Lighthouse and R replica groups (Monarch proc meshes running
+torchtitan's Llama 3 under a torchft Manager), respawns failed groups under a
+``RestartPolicy``, injects faults on demand (``FaultKind``, ``FaultSchedule``), proves that
+healed replicas are bit-identical, and records everything in ``<run_dir>/events.jsonl``;
+``open_run`` rebuilds a run's history from that file alone.
+"""
+
+from .config import RunConfig
+from .faults import Fault, FaultKind, FaultSchedule
+from .history import Recovery, RunHistory
+from .platform import Platform, select_platform
+from .restart import RestartPolicy
+from .run import FTRun, open_run
+
+__all__ = ["FTRun", "Fault", "FaultKind", "FaultSchedule", "Platform", "Recovery", "RestartPolicy", "RunConfig",
+           "RunHistory", "open_run", "select_platform"]
