@@ -10,7 +10,9 @@ listeners and always returns normally, which tells Monarch the fault was handled
 from __future__ import annotations
 
 import os
+import sys
 import threading
+import warnings
 from typing import Any, Callable
 
 DEFAULT_ENV = {
@@ -26,8 +28,16 @@ _installed = False
 
 def configure_environment() -> None:
     """Set defaults the user has not set; an explicit environment variable wins."""
+    late = "monarch" in sys.modules and "HYPERACTOR_MESH_SUPERVISION_POLL_FREQUENCY" not in os.environ
     for key, value in DEFAULT_ENV.items():
         os.environ.setdefault(key, value)
+    if late:
+        # Monarch reads its supervision settings when it is imported.
+        warnings.warn(
+            "monarch was imported before monarch_nb, so worker failures take ~10 s to detect; "
+            "import monarch_nb first, or set HYPERACTOR_MESH_SUPERVISION_POLL_FREQUENCY=1s",
+            stacklevel=3,
+        )
 
 
 def _dispatch(failure: Any) -> None:

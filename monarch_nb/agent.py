@@ -57,14 +57,19 @@ def _compile_cell(code: str) -> tuple[Any, Any]:
 class ProcAgent(Actor):
     def __init__(self) -> None:
         self._ns = _Namespace()
+        self._mesh_rank: int | None = None
 
     @endpoint
     def identity(self) -> ProcIdentity:
-        return ProcIdentity(rank=current_rank().rank, pid=os.getpid(), host=socket.gethostname())
+        # The controller asks this once over the whole mesh, so this rank is the global one;
+        # later calls may arrive through a slice, where current_rank() is slice-local.
+        if self._mesh_rank is None:
+            self._mesh_rank = current_rank().rank
+        return ProcIdentity(rank=self._mesh_rank, pid=os.getpid(), host=socket.gethostname())
 
     @endpoint
     def run_cell(self, code: str, push: dict[str, Any] | None = None) -> CellOutput:
-        rank = current_rank().rank
+        rank = self._mesh_rank if self._mesh_rank is not None else current_rank().rank
         ns = self._ns.values
         ns["rank"] = rank
         if push:

@@ -105,13 +105,13 @@ class MeshHandle:
         proc.state, proc.reason, proc.failed_at = FAILED, reason, time.time()
         return True
 
-    def refresh(self) -> list[int]:
+    def refresh(self, reason: str = "process is gone (found by pid check)") -> list[int]:
         """Check local pids; returns ranks newly found dead."""
         local = socket.gethostname()
         dead = []
         for proc in self.procs:
             if proc.state == ALIVE and proc.pid and proc.host == local and not _pid_alive(proc.pid):
-                if self.mark_failed(proc.rank, "process is gone (found by pid check)"):
+                if self.mark_failed(proc.rank, reason):
                     dead.append(proc.rank)
         return dead
 
@@ -122,7 +122,8 @@ class MeshHandle:
 
     def __repr__(self) -> str:
         dims = ", ".join(f"{k}={v}" for k, v in self.shape.items())
-        return f"<MeshHandle {self.name!r} ({dims}) {self.state}>"
+        failed = f", failed ranks {self.failed_ranks}" if self.failed_ranks else ""
+        return f"<MeshHandle {self.name!r} ({dims}) {self.state}{failed}>"
 
 
 def _pid_alive(pid: int) -> bool:

@@ -55,9 +55,10 @@ def _parse_failure(failure: Any) -> tuple[str, list[int], str]:
     ranks = [int(r) for r in match.group(1).split(",") if r.strip()] if match else []
     reason = text.split("failed:", 1)[-1].strip()
     if "Traceback" in reason:
-        # An exception escaped the actor: its last line says what it was.
-        lines = [ln.strip() for ln in reason.splitlines() if ln.strip() and not ln.strip().startswith("File ")]
-        reason = "exception escaped the actor: " + (lines[-1] if lines else "unknown")
+        # An exception escaped the actor: the traceback's "SomeError: message" line says what.
+        lines = [ln.strip() for ln in reason.splitlines()]
+        raised = [ln for ln in lines if re.match(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)\b", ln)]
+        reason = "exception escaped the actor: " + (raised[-1] if raised else "see the worker log")
     if reason.endswith(")") and reason.count(")") > reason.count("("):
         reason = reason[:-1]  # the closing parenthesis of "MeshFailure(...)"
     reason = " ".join(reason.split())
@@ -293,7 +294,7 @@ class Session:
             return
         # Monarch's internal meshes (e.g. its logger) report too; find the dead pid ourselves.
         for handle in handles:
-            for rank in handle.refresh():
+            for rank in handle.refresh(reason):
                 self._record_failure(handle, rank, reason)
 
     def _record_failure(self, handle: MeshHandle, rank: int, reason: str, notify_only: bool = False) -> None:
@@ -338,6 +339,19 @@ class Session:
         from .notebook.html import session_html
 
         return session_html(self)
+
+    def __repr__(self) -> str:
+        handles = self.status() if not self._closed else []
+        if not handles:
+            return "<Session: no meshes are up>"
+        lines = []
+        for h in handles:
+            dims = ", ".join(f"{k}={v}" for k, v in h.shape.items())
+            lines.append(f"mesh {h.name} ({dims}) {h.state}")
+            for p in h.procs:
+                extra = f"  {p.reason}" if p.reason else ""
+                lines.append(f"  rank {p.rank:<3} {p.label:<18} {p.state:<8} pid {p.pid} host {p.host}{extra}")
+        return "\n".join(lines)
 
 
 class DeadlineEndpoint:

@@ -8,7 +8,9 @@ cell's output (a frontend drops output addressed to a cell that already finished
 
 from __future__ import annotations
 
+import logging
 import threading
+import warnings
 from typing import Any
 
 from IPython.display import display
@@ -65,10 +67,29 @@ def _show(event: Any) -> None:
 
 
 _notices: FailureNotices | None = None
+_BLOCKING_GET = "Future.get() called from within an active event loop"
+
+
+class _DropBlockingGetNotice(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.getMessage() != _BLOCKING_GET
+
+
+def quiet_blocking_get() -> None:
+    """Silence Monarch's "blocking get() inside an event loop" notices in the kernel.
+
+    A notebook cell is synchronous code run from ipykernel's asyncio loop, so every
+    ``.get()`` typed in a cell trips them. Monarch futures resolve on Monarch's own Tokio
+    runtime, never on the kernel's loop, so blocking a cell on them cannot deadlock; the
+    notices would only bury the cell's real output.
+    """
+    warnings.filterwarnings("ignore", message=r"(Blocking get\(\)|Future\.get\(\)) (was called|called)", category=UserWarning)
+    logging.getLogger("monarch._src.actor.telemetry").addFilter(_DropBlockingGetNotice())
 
 
 def load_ipython_extension(ipython: Any) -> None:
     global _notices
+    quiet_blocking_get()
     ipython.register_magics(MonarchMagics(ipython))
     html = ipython.display_formatter.formatters["text/html"]
     html.for_type_by_name("monarch._src.actor.actor_mesh", "ValueMesh", value_mesh_html)

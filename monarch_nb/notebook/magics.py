@@ -7,6 +7,7 @@ IPython's ``UsageError`` carrying the usage text.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import socket
@@ -133,7 +134,8 @@ class MonarchMagics(Magics):
         agent = handle.agent.slice(**selectors) if selectors else handle.agent
         view = self.session.deadline(agent, args.timeout)
         result = view.run_cell.gather(code)
-        outputs = list(result.values.values())
+        # Key by the mesh's global rank (the agent may have been reached through a slice).
+        outputs = [dataclasses.replace(out, rank=rank) for rank, out in result.values.items()]
         for rank, err in result.errors.items():  # the agent itself failed (not the user's code)
             from ..agent import CellOutput
 

@@ -1,0 +1,54 @@
+"""``monarch-nb``: run notebooks headless on the Monarch kernel, install the kernel."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="monarch-nb", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser("execute", help="run a notebook headless; exit non-zero naming the failing cell")
+    run.add_argument("notebook")
+    run.add_argument("-p", "--param", action="append", default=[], metavar="NAME=VALUE",
+                     help="set a parameter (Python literal, else a string); repeatable")
+    run.add_argument("--output", "-o", default=None, help="where to write the executed notebook")
+    run.add_argument("--timeout", type=float, default=600, help="seconds allowed per cell (default 600)")
+    run.add_argument("--kernel", default="monarch", help="kernel name (default: monarch)")
+    run.add_argument("--cwd", default=None, help="working directory of the kernel (default: the notebook's folder)")
+
+    inst = sub.add_parser("install-kernel", help="install the Monarch kernelspec")
+    inst.add_argument("--user", action="store_true", help="install for this user instead of this environment")
+
+    args = parser.parse_args(argv)
+    if args.command == "install-kernel":
+        import sys as _sys
+
+        from .execute import install_kernel
+
+        print(install_kernel(user=args.user, prefix=None if args.user else _sys.prefix))
+        return 0
+
+    from .execute import NotebookFailed, execute_notebook, parse_parameter
+
+    try:
+        params = dict(parse_parameter(p) for p in args.param)
+    except ValueError as exc:
+        parser.error(str(exc))
+    try:
+        execute_notebook(args.notebook, params=params, output=args.output, timeout=args.timeout,
+                         kernel_name=args.kernel, cwd=args.cwd)
+    except NotebookFailed as exc:
+        print(f"monarch-nb: {args.notebook}: {exc}", file=sys.stderr)
+        return 1
+    except FileNotFoundError as exc:
+        print(f"monarch-nb: {exc}", file=sys.stderr)
+        return 2
+    print(f"monarch-nb: {args.notebook}: all cells ran" + (f"; wrote {args.output}" if args.output else ""))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,39 @@
+"""Helpers for tests: process liveness by pid, and bounded polling (never a bare sleep)."""
+
+from __future__ import annotations
+
+import time
+
+import psutil
+
+
+def alive(pids: list[int]) -> list[int]:
+    out = []
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                out.append(pid)
+        except psutil.NoSuchProcess:
+            pass
+    return out
+
+
+def assert_gone(pids: list[int], timeout: float = 10.0) -> None:
+    """Processes must exit within ``timeout``; polls process state, not a fixed sleep."""
+    deadline = time.monotonic() + timeout
+    while alive(pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    left = alive(pids)
+    assert not left, f"orphan worker processes still running: {left}"
+
+
+def wait_for(predicate, timeout: float, what: str, poll: float = 0.02):
+    """Poll ``predicate`` until it returns a truthy value or fail naming ``what``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(poll)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+

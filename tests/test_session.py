@@ -1,0 +1,167 @@
+"""The controller on real Monarch worker processes (no kernel involved)."""
+
+import os
+import signal
+import time
+
+import pytest
+from monarch.actor import Actor, current_rank, endpoint
+
+from monarch_nb import CallTimeout, MonarchNbError, RemoteError, UnknownMeshError
+from monarch_nb.telemetry.events import WorkerFailed
+
+from proc_checks import assert_gone, wait_for
+
+
+class Worker(Actor):
+    def __init__(self, offset: int = 0):
+        self.offset = offset
+
+    @endpoint
+    def rank_plus(self, x: int) -> int:
+        return current_rank().rank + x + self.offset
+
+    @endpoint
+    def pid(self) -> int:
+        return os.getpid()
+
+    @endpoint
+    def slow_on(self, slow_rank: int, seconds: float) -> int:
+        if current_rank().rank == slow_rank:
+            time.sleep(seconds)
+        return current_rank().rank
+
+    @endpoint
+    def fail_on(self, bad_rank: int) -> str:
+        if current_rank().rank == bad_rank:
+            raise ValueError(f"rank {bad_rank} refuses")
+        return "ok"
+
+
+def test_spawn_returns_a_real_actor_mesh_with_monarch_adverbs(session):
+    mesh = session.up("main", procs=3)
+    assert mesh.shape == {"gpus": 3} and mesh.state == "healthy"
+    assert all(p.pid and p.host for p in mesh.procs)
+    workers = session.spawn("workers", Worker, 10)
+    assert type(workers).__name__ == "ActorMesh"
+    values = workers.rank_plus.call(1).get(timeout=30)
+    assert sorted(v for _, v in values.items()) == [11, 12, 13]
+    assert workers.slice(gpus=2).rank_plus.call_one(0).get(timeout=30) == 10  # slice-local rank 0
+    assert workers.rank_plus.choose(0).get(timeout=30) in (10, 11, 12)
+    assert sorted(f.get(timeout=30) for f in workers.rank_plus.stream(0)) == [10, 11, 12]
+    assert session.actors("workers") is workers
+
+
+def test_deadline_call_returns_per_rank_values_in_global_ranks(session):
+    session.up("main", procs=4)
+    workers = session.spawn("workers", Worker)
+    result = session.deadline(workers.slice(gpus=slice(2, 4)), 10).pid.call()
+    assert result.ranks == [2, 3] and set(result.values) == {2, 3}
+    assert result.values[2] == session.mesh("main").procs[2].pid
+
+
+def test_a_call_past_its_deadline_names_the_silent_ranks(session):
+    session.up("main", procs=3)
+    workers = session.spawn("workers", Worker)
+    started = time.monotonic()
+    with pytest.raises(CallTimeout) as err:
+        session.deadline(workers, 3.0).slow_on.call(1, 60.0)
+    assert time.monotonic() - started < 6.0
+    assert err.value.missing_ranks == [1]
+    assert set(err.value.partial) == {0, 2}
+    assert "ranks [1] did not answer within 3 s" in str(err.value)
+    assert session.events.events("call_timed_out")[-1].missing_ranks == [1]
+
+
+def test_an_exception_on_some_ranks_keeps_the_others_results(session):
+    session.up("main", procs=3)
+    workers = session.spawn("workers", Worker)
+    with pytest.raises(RemoteError) as err:
+        session.deadline(workers, 10).fail_on.call(2)
+    assert set(err.value.errors) == {2} and err.value.results == {0: "ok", 1: "ok"}
+    assert "rank 2 refuses" in str(err.value)
+    # the actor survived its exception
+    assert session.deadline(workers, 10).fail_on.call(-1).values == {0: "ok", 1: "ok", 2: "ok"}
+
+
+def test_a_killed_worker_is_detected_within_seconds_and_the_rest_stay_usable(session):
+    mesh = session.up("main", procs=3)
+    workers = session.spawn("workers", Worker)
+    seen: list[tuple[float, WorkerFailed]] = []
+    session.on_failure(lambda ev: seen.append((time.monotonic(), ev)))
+    killed_at = time.monotonic()
+    os.kill(mesh.procs[1].pid, signal.SIGKILL)
+    wait_for(lambda: seen, 10, "the failure event")
+    detected_after = seen[0][0] - killed_at
+    assert detected_after < 3.0, f"detection took {detected_after:.2f} s"
+    event = seen[0][1]
+    assert (event.mesh, event.rank) == ("main", 1) and "Killed" in event.reason
+    assert len([e for _, e in seen if e.rank == 1]) == 1, "one failure must be reported once"
+    assert mesh.state == "degraded" and mesh.failed_ranks == [1]
+    assert session.events.events("worker_failed")[0].rank == 1
+    with pytest.raises(CallTimeout) as err:
+        session.deadline(workers, 2).pid.call()
+    assert err.value.missing_ranks == [1] and err.value.failed_ranks == [1]
+    assert session.deadline(workers.slice(gpus=0), 10).pid.call().ok
+
+
+def test_an_exception_escaping_an_actor_is_reported_as_a_failure(session):
+    session.up("main", procs=2)
+    workers = session.spawn("workers", Worker)
+    seen = []
+    session.on_failure(seen.append)
+    workers.fail_on.broadcast(0)  # no reply port: Monarch fails the actor on an exception
+    wait_for(lambda: seen, 10, "the actor failure")
+    assert seen[0].rank == 0 and "rank 0 refuses" in seen[0].reason
+
+
+def test_replace_starts_a_fresh_mesh_and_respawns_its_actors(session):
+    mesh = session.up("main", procs=2)
+    session.spawn("workers", Worker, 100)
+    old_pids = [p.pid for p in mesh.procs]
+    os.kill(old_pids[0], signal.SIGKILL)
+    wait_for(lambda: mesh.failed_ranks, 10, "the failure")
+    fresh = session.replace("main")
+    assert fresh.state == "healthy" and not set(p.pid for p in fresh.procs) & set(old_pids)
+    assert_gone(old_pids)
+    workers = session.actors("workers")
+    assert sorted(session.deadline(workers, 20).rank_plus.call(0).values.values()) == [100, 101]
+
+
+def test_multi_host_mesh_through_process_job(session):
+    mesh = session.up("cluster", procs=2, hosts=2)
+    assert mesh.shape == {"hosts": 2, "gpus": 2}
+    assert [p.coords for p in mesh.procs][2] == {"hosts": 1, "gpus": 0}
+    workers = session.spawn("workers", Worker)
+    result = session.deadline(workers.slice(hosts=1), 20).pid.call()
+    assert result.ranks == [2, 3]
+    host_pids = [s.pid for s in mesh.job._host_to_pid.values()]
+    pids = [p.pid for p in mesh.procs] + host_pids
+    session.down("cluster")
+    assert_gone(pids)
+
+
+def test_bad_names_and_unknown_meshes_get_clear_errors(session):
+    with pytest.raises(UnknownMeshError, match="known meshes: none"):
+        session.mesh("nope")
+    session.up("main", procs=1)
+    with pytest.raises(UnknownMeshError, match="no mesh named 'other'; known meshes: main"):
+        session.spawn("w", Worker, mesh="other")
+    with pytest.raises(MonarchNbError, match="already up"):
+        session.up("main", procs=1)
+    with pytest.raises(ValueError, match="procs must be a positive integer"):
+        session.up("x", procs=0)
+    with pytest.raises(ValueError, match="not valid"):
+        session.up("1bad", procs=1)
+    session.spawn("w", Worker)
+    with pytest.raises(MonarchNbError, match="already exists"):
+        session.spawn("w", Worker)
+
+
+def test_shutdown_leaves_no_worker_and_later_use_says_so(session):
+    mesh = session.up("main", procs=2)
+    pids = [p.pid for p in mesh.procs]
+    session.shutdown()
+    assert_gone(pids)
+    with pytest.raises(MonarchNbError, match="shut down"):
+        session.up("main")
