@@ -109,14 +109,15 @@ def execute_notebook(path: str | Path, *, params: dict[str, Any] | None = None, 
 
 
 def _failure_from(nb: Any, exc: Exception) -> CellFailure:
-    for index, cell in enumerate(nb.cells):
-        for out in cell.get("outputs", []):
-            if out.get("output_type") == "error":
-                return CellFailure(index, out.get("ename", "Error"), out.get("evalue", ""), cell.source)
-    running = [i for i, c in enumerate(nb.cells) if c.cell_type == "code" and c.get("execution_count") is None]
-    index = running[0] if running else -1
-    return CellFailure(index, type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "",
-                       nb.cells[index].source if index >= 0 else "")
+    """The failing cell is the last one that ran; its error comes from the exception."""
+    ran = [i for i, c in enumerate(nb.cells) if c.cell_type == "code" and c.get("execution_count")]
+    index = ran[-1] if ran else next((i for i, c in enumerate(nb.cells) if c.cell_type == "code"), -1)
+    ename = getattr(exc, "ename", None) or type(exc).__name__
+    evalue = getattr(exc, "evalue", None)
+    if evalue is None:
+        evalue = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    evalue = evalue.strip().splitlines()[0] if evalue.strip() else ""
+    return CellFailure(index, ename, evalue, nb.cells[index].source if index >= 0 else "")
 
 
 def install_kernel(user: bool = False, prefix: str | None = None) -> str:

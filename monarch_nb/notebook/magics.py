@@ -93,7 +93,8 @@ class MonarchMagics(Magics):
         except MonarchNbError as exc:
             if isinstance(exc, RemoteError):
                 raise
-            raise UsageError(str(exc)) from None
+            parser = self._cell if cell is not None else self._line
+            raise UsageError(f"{exc}\n\n{parser.format_usage()}") from None
         except ValueError as exc:
             raise UsageError(f"{exc}\n\n{self._line.format_usage()}") from None
 

@@ -1,0 +1,127 @@
+"""The Monarch kernelspec end to end: a real kernel process, real workers, checked by pid."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import pytest
+from jupyter_client.manager import KernelManager
+
+from proc_checks import assert_gone, wait_for
+
+PIDS_CODE = """
+import json, monarch_nb
+_s = monarch_nb.current_session()
+_pids = [p.pid for h in _s.meshes.values() for p in h.procs]
+_pids += [st.pid for h in _s.meshes.values() if h.job for st in h.job._host_to_pid.values()]
+print("PIDS" + json.dumps(_pids))
+"""
+
+
+def run(client, code, timeout=120):
+    outputs = []
+
+    def hook(msg):
+        if msg["msg_type"] == "stream":
+            outputs.append(msg["content"]["text"])
+        elif msg["msg_type"] in ("display_data", "execute_result"):
+            outputs.append(msg["content"]["data"].get("text/plain", ""))
+        elif msg["msg_type"] == "error":
+            outputs.append("ERROR " + msg["content"]["ename"] + ": " + msg["content"]["evalue"])
+
+    reply = client.execute_interactive(code, timeout=timeout, output_hook=hook)
+    return reply["content"]["status"], "".join(outputs)
+
+
+def worker_pids(client):
+    status, out = run(client, PIDS_CODE)
+    assert status == "ok", out
+    line = next(ln for ln in out.splitlines() if ln.startswith("PIDS"))
+    return json.loads(line[4:])
+
+
+@pytest.fixture
+def kernel():
+    km = KernelManager(kernel_name="monarch")
+    km.start_kernel()
+    client = km.blocking_client()
+    client.start_channels()
+    client.wait_for_ready(timeout=120)
+    yield km, client
+    client.stop_channels()
+    if km.is_alive():
+        km.shutdown_kernel(now=True)
+
+
+def bring_up_local_and_multihost(client):
+    status, out = run(client, "%monarch up --procs 2\n%monarch up --name cluster --hosts 2 --procs 1")
+    assert status == "ok", out
+    pids = worker_pids(client)
+    assert len(pids) == 2 + 2 + 2  # local workers, multi-host workers, ProcessJob host processes
+    return pids
+
+
+def test_kernelspec_preloads_the_extension_and_survives_a_worker_kill(kernel):
+    km, client = kernel
+    assert km.kernel_spec.display_name == "Monarch"
+    status, out = run(client, "%monarch up --procs 2")
+    assert status == "ok", out
+    status, out = run(client, textwrap.dedent("""
+        import os, signal, time, monarch_nb
+        _m = monarch_nb.current_session().mesh("main")
+        os.kill(_m.procs[1].pid, signal.SIGKILL)
+        _end = time.time() + 15
+        while not _m.failed_ranks and time.time() < _end:
+            time.sleep(0.05)
+        print("failed", _m.failed_ranks)
+    """))
+    assert status == "ok", out
+    assert "failed [1]" in out
+    assert "mesh 'main' rank 1 failed" in out  # the notice shown in the running cell
+    status, out = run(client, "print('kernel still here')")
+    assert status == "ok" and "kernel still here" in out
+
+
+def test_kernel_shutdown_leaves_no_worker_behind(kernel):
+    km, client = kernel
+    pids = bring_up_local_and_multihost(client)
+    km.shutdown_kernel(now=False)
+    assert_gone(pids, timeout=20)
+
+
+def test_kernel_restart_leaves_no_worker_behind(kernel):
+    km, client = kernel
+    pids = bring_up_local_and_multihost(client)
+    km.restart_kernel(now=False)
+    assert_gone(pids, timeout=20)
+    client.wait_for_ready(timeout=120)
+    status, out = run(client, "%monarch status")
+    assert status == "ok" and "no meshes are up" in out
+
+
+def test_a_killed_kernel_leaves_no_worker_behind(kernel):
+    km, client = kernel
+    pids = bring_up_local_and_multihost(client)
+    os.kill(km.provisioner.process.pid, signal.SIGKILL)
+    wait_for(lambda: not km.is_alive(), 10, "the kernel to die")
+    assert_gone(pids, timeout=20)  # the reaper kills ProcessJob hosts that outlive the kernel
+
+
+def test_interpreter_exit_leaves_no_worker_behind(tmp_path):
+    script = textwrap.dedent("""
+        import json, monarch_nb
+        s = monarch_nb.Session()
+        a = s.up("main", procs=2)
+        b = s.up("cluster", procs=1, hosts=2)
+        pids = [p.pid for h in (a, b) for p in h.procs] + [st.pid for st in b.job._host_to_pid.values()]
+        print(json.dumps(pids), flush=True)
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=180,
+                          env={**os.environ, "MONARCH_NB_RUNS": str(tmp_path)})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    pids = json.loads([ln for ln in proc.stdout.splitlines() if ln.startswith("[")][-1])
+    assert len(pids) == 6
+    assert_gone(pids, timeout=20)

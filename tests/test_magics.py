@@ -1,0 +1,149 @@
+"""%monarch and %%monarch in-process through IPython's InteractiveShell, on real workers."""
+
+import pytest
+from IPython.core.error import UsageError
+from IPython.core.interactiveshell import InteractiveShell
+from IPython.utils.capture import capture_output
+
+from monarch_nb import RemoteError, Session
+from monarch_nb.notebook.magics import MonarchMagics
+
+from proc_checks import assert_gone, wait_for
+
+
+@pytest.fixture(scope="module")
+def shell_and_session():
+    shell = InteractiveShell.instance()
+    session = Session(default_timeout=30)
+    shell.register_magics(MonarchMagics(shell, session))
+    yield shell, session
+    pids = [p.pid for h in session.meshes.values() for p in h.procs if p.pid]
+    session.shutdown()
+    assert_gone(pids)
+
+
+@pytest.fixture
+def shell(shell_and_session):
+    return shell_and_session[0]
+
+
+@pytest.fixture
+def msession(shell_and_session):
+    return shell_and_session[1]
+
+
+def run_cell_magic(shell, line, cell):
+    with capture_output() as cap:
+        shell.run_cell_magic("monarch", line, cell)
+    return cap
+
+
+def test_up_status_and_cell_output_grouped_per_rank_in_rank_order(shell, msession):
+    with capture_output() as cap:
+        shell.run_line_magic("monarch", "up --procs 3")
+    assert msession.mesh("main").shape == {"gpus": 3}
+    with capture_output() as cap:
+        shell.run_line_magic("monarch", "status")
+    text = cap.outputs[0].data["text/plain"]
+    assert "mesh main (gpus=3) healthy" in text and text.count("alive") == 3
+    assert 'class="mnb-procs"' in cap.outputs[0].data["text/html"]
+
+    cap = run_cell_magic(shell, "", "import os\nprint('pid', os.getpid())\nrank * 10")
+    text = cap.outputs[0].data["text/plain"]
+    positions = [text.index(f"[rank {r}]") for r in range(3)]
+    assert positions == sorted(positions)
+    for r in range(3):
+        assert f"Out: {r * 10}" in text
+    assert "pid " in text
+
+
+def test_cell_state_persists_per_process_and_slices_by_named_dim(shell, msession):
+    run_cell_magic(shell, "", "x = rank + 100")
+    cap = run_cell_magic(shell, "--on gpus=1:3 --timeout 10", "x")
+    text = cap.outputs[0].data["text/plain"]
+    assert "[rank 0]" not in text and "Out: 101" in text and "Out: 102" in text
+
+
+def test_an_exception_on_some_ranks_is_shown_per_rank_with_the_others_results(shell, msession):
+    code = "if rank == 1:\n    raise KeyError('only rank 1')\n'fine'"
+    with pytest.raises(RemoteError, match=r"ranks \[1\]"):
+        run_cell_magic(shell, "", code)
+    cap = run_cell_magic(shell, "--ignore-errors", code)
+    text = cap.outputs[0].data["text/plain"]
+    assert "KeyError: 'only rank 1'" in text
+    assert text.count("Out: 'fine'") == 2
+    assert 'class="mnb-error"' in cap.outputs[0].data["text/html"]
+
+
+@pytest.mark.parametrize("line, expected", [
+    ("", "needs a command"),
+    ("launch", "invalid choice: 'launch'"),
+    ("up --procs 0", "expected a positive integer"),
+    ("up --procs four", "expected a positive integer, got 'four'"),
+    ("up --hosts", "expected one argument"),
+    ("up --env NOEQUALS", "expected NAME=VALUE"),
+    ("down nosuchmesh", "no mesh named 'nosuchmesh'"),
+    ("replace", "the following arguments are required: name"),
+    ("kill --rank x", "invalid int value"),
+    ("up --procs '2", "cannot parse arguments"),
+])
+def test_bad_line_arguments_raise_usage_error_with_usage(shell, line, expected):
+    with pytest.raises(UsageError) as err:
+        shell.run_line_magic("monarch", line)
+    assert expected in str(err.value)
+    assert "usage:" in str(err.value)
+
+
+def test_unknown_mesh_lists_the_known_ones(shell, msession):
+    with pytest.raises(UsageError, match="no mesh named 'ghost'; known meshes: main"):
+        run_cell_magic(shell, "--mesh ghost", "1")
+
+
+@pytest.mark.parametrize("selector, expected", [
+    ("gpus=7", "gpus=7 is outside mesh 'main' (shape gpus=3; gpus is 0..2)"),
+    ("hosts=1", "mesh 'main' has no dim 'hosts'; its shape is gpus=3"),
+    ("gpus=5:9", "selects nothing in mesh 'main' (shape gpus=3)"),
+    ("gpus=x", "expected DIM=INDEX or DIM=START:STOP"),
+])
+def test_a_slice_outside_the_mesh_names_its_shape(shell, selector, expected):
+    with pytest.raises(UsageError) as err:
+        run_cell_magic(shell, f"--on {selector}", "1")
+    assert expected in str(err.value)
+
+
+def test_bad_cell_timeout_is_a_usage_error(shell):
+    with pytest.raises(UsageError, match="positive number of seconds"):
+        run_cell_magic(shell, "--timeout -1", "1")
+
+
+def test_kill_replace_and_down(shell, msession):
+    mesh = msession.mesh("main")
+    with capture_output():
+        shell.run_line_magic("monarch", "kill --rank 2")
+    wait_for(lambda: mesh.failed_ranks == [2], 10, "rank 2 to be marked failed")
+    with pytest.raises(UsageError, match=r"rank 9 is outside mesh 'main' \(ranks 0..2\)"):
+        shell.run_line_magic("monarch", "kill --rank 9")
+    with capture_output():
+        shell.run_line_magic("monarch", "replace main")
+    assert msession.mesh("main").state == "healthy"
+    cap = run_cell_magic(shell, "", "rank")
+    assert cap.outputs[0].data["text/plain"].count("Out:") == 3
+    pids = [p.pid for p in msession.mesh("main").procs]
+    with capture_output() as out:
+        shell.run_line_magic("monarch", "down")
+    assert "stopped: main" in out.stdout
+    assert_gone(pids)
+    assert msession.meshes == {}
+
+
+def test_help_prints_usage_without_raising(shell):
+    with capture_output() as cap:
+        shell.run_line_magic("monarch", "up --help")
+    assert "--procs" in cap.stdout
+
+
+def test_load_ext_registers_the_magic_in_a_plain_shell():
+    shell = InteractiveShell.instance()
+    shell.run_line_magic("load_ext", "monarch_nb")
+    assert "monarch" in shell.magics_manager.magics["line"]
+    assert "monarch" in shell.magics_manager.magics["cell"]

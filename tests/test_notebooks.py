@@ -1,0 +1,81 @@
+"""Every shipped notebook runs headless on the Monarch kernel through ``monarch-nb execute``."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+NOTEBOOKS = sorted((REPO / "notebooks").glob("*.ipynb"))
+ARTIFACTS = REPO / "test-artifacts"
+# Smaller settings for CI's 2-core machine; each notebook declares them in its parameters cell.
+CI_PARAMS: dict[str, list[str]] = {
+    "01_single_controller.ipynb": ["-p", "procs=3"],
+}
+
+
+def execute(*args: str, timeout: float = 900) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "monarch_nb.cli", "execute", *args],
+                          capture_output=True, text=True, timeout=timeout, cwd=REPO)
+
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=[nb.name for nb in NOTEBOOKS])
+def test_shipped_notebook_runs_headless(notebook):
+    out = ARTIFACTS / notebook.name.replace(".ipynb", ".out.ipynb")
+    proc = execute(str(notebook), "-o", str(out), "--timeout", "600", *CI_PARAMS.get(notebook.name, []))
+    assert proc.returncode == 0, f"{notebook.name} failed:\n{proc.stderr[-3000:]}"
+    executed = nbformat.read(out, as_version=4)
+    code_cells = [c for c in executed.cells if c.cell_type == "code"]
+    assert all(c.execution_count for c in code_cells), "some cells did not run"
+    assert not [o for c in code_cells for o in c.outputs if o.output_type == "error"]
+
+
+def test_tour_parameters_are_injected_after_the_parameters_cell(tmp_path):
+    out = tmp_path / "tour.ipynb"
+    proc = execute(str(REPO / "notebooks" / "01_single_controller.ipynb"), "-o", str(out), "-p", "procs=2")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    nb = nbformat.read(out, as_version=4)
+    tags = [c.metadata.get("tags", []) for c in nb.cells]
+    index = next(i for i, t in enumerate(tags) if "parameters" in t)
+    assert "injected-parameters" in tags[index + 1] and "procs = 2" in nb.cells[index + 1].source
+    status = next(c for c in nb.cells if c.source.startswith("%monarch status"))
+    assert "mesh main (gpus=2)" in status.outputs[0]["data"]["text/plain"]
+
+
+def test_a_failing_notebook_exits_nonzero_naming_the_cell(tmp_path):
+    nb = nbformat.v4.new_notebook(cells=[
+        nbformat.v4.new_markdown_cell("# broken"),
+        nbformat.v4.new_code_cell("x = 1"),
+        nbformat.v4.new_code_cell("%monarch up --procs nope"),
+        nbformat.v4.new_code_cell("print('never runs')"),
+    ])
+    path = tmp_path / "broken.ipynb"
+    nbformat.write(nb, path)
+    proc = execute(str(path), "-o", str(tmp_path / "out.ipynb"), timeout=300)
+    assert proc.returncode == 1
+    assert "cell 2 failed: UsageError" in proc.stderr and "expected a positive integer" in proc.stderr
+    saved = nbformat.read(tmp_path / "out.ipynb", as_version=4)
+    assert "expected a positive integer" in json.dumps(saved.cells[2].outputs)  # the error is kept for CI
+    assert saved.cells[3].get("execution_count") is None
+
+
+def test_bad_parameters_and_missing_notebooks_are_clear_errors(tmp_path):
+    proc = execute(str(REPO / "notebooks" / "01_single_controller.ipynb"), "-p", "noequals")
+    assert proc.returncode == 2 and "must look like name=value" in proc.stderr
+    proc = execute(str(tmp_path / "missing.ipynb"))
+    assert proc.returncode == 2 and "no notebook at" in proc.stderr
+
+
+def test_widget_state_is_stored_in_the_executed_notebook(tmp_path):
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(
+        "import ipywidgets as w\nw.IntProgress(value=3, max=5)")])
+    path = tmp_path / "w.ipynb"
+    nbformat.write(nb, path)
+    proc = execute(str(path), "-o", str(tmp_path / "w.out.ipynb"), timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    meta = json.loads((tmp_path / "w.out.ipynb").read_text())["metadata"]
+    state = meta["widgets"]["application/vnd.jupyter.widget-state+json"]["state"]
+    assert any(m["model_name"] == "IntProgressModel" and m["state"]["value"] == 3 for m in state.values())
