@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# One entry point for people and CI. Every command first makes the environment complete
+# (idempotent: a second run only checks stamps), then does its job.
+#
+#   ./run.sh lab     set up, then start JupyterLab on 127.0.0.1 with notebooks/ and the Monarch kernel
+#   ./run.sh demo    set up, then run the fault-tolerant training notebook headless (writes runs/ and an output notebook)
+#   ./run.sh test    set up, then run the whole test suite (what .ci/run calls)
+#   ./run.sh setup   only set up
+set -euo pipefail
+cd "$(dirname "$0")"
+ROOT="$(pwd)"
+VENV="$ROOT/.venv"
+PY="$VENV/bin/python"
+
+log() { printf '\033[1m[monarch_nb]\033[0m %s\n' "$*" >&2; }
+
+need_python() {
+  for cand in python3.11 python3; do
+    if command -v "$cand" >/dev/null && "$cand" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))'; then
+      echo "$cand"; return
+    fi
+  done
+  log "Python 3.11 is required (torchmonarch 0.7.0 ships cp311 wheels only)"; exit 1
+}
+
+setup_python() {
+  if [ ! -x "$PY" ]; then
+    log "creating $VENV"
+    "$(need_python)" -m venv "$VENV"
+  fi
+  local stamp="$VENV/.monarch_nb-deps"
+  local want
+  want="$(cat requirements.txt constraints.txt pyproject.toml | sha256sum | cut -d' ' -f1)"
+  if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+    log "installing pinned dependencies (first time: a few minutes)"
+    "$PY" -m pip install -q --upgrade pip
+    "$PY" -m pip install -q -r requirements.txt -c constraints.txt
+    "$PY" -m pip install -q --no-deps -e .
+    echo "$want" > "$stamp"
+  fi
+  "$PY" -m monarch_nb.cli install-kernel >/dev/null
+}
+
+setup_browser() {
+  # The real-browser test drives Debian's Chromium through Playwright (never `playwright install`).
+  if [ ! -x /usr/bin/chromium ]; then
+    log "installing Debian chromium for the browser test"
+    local sudo=""; [ "$(id -u)" = 0 ] || sudo="sudo"
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq chromium >/dev/null
+  fi
+}
+
+cmd="${1:-}"; shift || true
+case "$cmd" in
+  setup)
+    setup_python; setup_browser ;;
+  lab)
+    setup_python
+    log "JupyterLab on http://127.0.0.1:${PORT:-8888} (kernel: Monarch)"
+    exec "$VENV/bin/jupyter" lab --ip=127.0.0.1 --port="${PORT:-8888}" --no-browser \
+      --ServerApp.root_dir="$ROOT/notebooks" $( [ "$(id -u)" = 0 ] && echo --allow-root ) "$@" ;;
+  demo)
+    setup_python
+    out="$ROOT/runs/02_fault_tolerant_training.out.ipynb"
+    mkdir -p "$ROOT/runs"
+    exec "$VENV/bin/monarch-nb" execute notebooks/02_fault_tolerant_training.ipynb -o "$out" "$@" ;;
+  test)
+    setup_python; setup_browser
+    log "running the test suite"
+    exec "$PY" -m pytest "$@" ;;
+  *)
+    sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+esac
