@@ -50,7 +50,7 @@ class RunConfig:
     advertise_host: str = "127.0.0.1"  # address peers use to reach this host's servers
     # controller
     poll_interval_s: float = 0.25  # how often each group's telemetry is drained
-    hang_timeout_s: float = 6.0  # a group that answers nothing for this long is hung
+    hang_timeout_s: float = 5.0  # a group that answers nothing for this long is hung
     init_timeout_s: float = 180.0  # actor construction (imports, model build)
     restart: RestartPolicy = field(default_factory=RestartPolicy)
     check_identical: bool = True  # hash parameters + optimizer state after every heal

@@ -24,7 +24,7 @@ import random
 import signal
 import time
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Sequence
+from typing import Any, Sequence
 
 
 class FaultKind(str, enum.Enum):
@@ -100,17 +100,6 @@ class FaultSchedule:
             raise ValueError(f"max_faults: must be >= 1, got {self.max_faults!r}")
         self._rng = random.Random(self.seed)
 
-    def faults(self, replicas: int, group_size: int, eligible: Sequence[int] | None = None) -> Iterator[Fault]:
-        """Yield an endless (or ``max_faults`` long) sequence of immediate faults."""
-        n = 0
-        while self.max_faults is None or n < self.max_faults:
-            pool = list(eligible) if eligible else list(range(replicas))
-            replica = self._rng.choice(pool)
-            rank = self.rank if self.rank is not None else self._rng.randrange(group_size)
-            kind = self._rng.choice(list(self.kinds))
-            n += 1
-            yield Fault(kind=kind, replica=replica, rank=rank)
-
     def next_target(self, replicas: int, group_size: int, eligible: Sequence[int]) -> Fault | None:
         pool = list(eligible)
         if not pool:
@@ -139,14 +128,13 @@ def record_firing(log_path: str | None, info: dict[str, Any]) -> None:
 
 
 def hold_gil(seconds: float) -> None:
-    """Block the whole interpreter: a C call made with the GIL held (ctypes.PyDLL keeps it)."""
+    """Block the whole interpreter: one C call made with the GIL held (ctypes.PyDLL keeps it),
+    so no other Python thread of this process - endpoints included - runs until it returns."""
     import ctypes
 
     libc = ctypes.PyDLL(None)
-    libc.usleep.argtypes = [ctypes.c_uint]
-    end = time.monotonic() + seconds
-    while time.monotonic() < end:
-        libc.usleep(min(1_000_000 - 1, int((end - time.monotonic()) * 1e6) + 1))
+    libc.sleep.argtypes = [ctypes.c_uint]
+    libc.sleep(max(1, int(round(seconds))))
 
 
 def fire(kind: FaultKind, *, abort_comms: Any = None, hang_s: float = 30.0) -> None:

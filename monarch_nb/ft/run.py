@@ -19,7 +19,9 @@ at one future committed step and records whether they are identical.
 
 from __future__ import annotations
 
+import atexit
 import json
+import logging
 import os
 import socket
 import threading
@@ -50,6 +52,8 @@ from .faults import Fault, FaultKind, FaultSchedule
 from .history import RunHistory
 from .lighthouse import Lighthouse, LighthouseSettings
 
+log = logging.getLogger(__name__)
+
 # Environment for worker processes: loopback gloo, quiet Rust logs from torchft.
 _WORKER_ENV = {"GLOO_SOCKET_IFNAME": "lo", "RUST_LOG": "warn", "OMP_NUM_THREADS": "1"}
 
@@ -77,7 +81,7 @@ class ReplicaGroup:
     failed_at: float | None = None
     awaiting_heal: bool = False
     healed: bool = False
-    pids: list[int] = field(default_factory=list)
+    procs: list[tuple[int, str]] = field(default_factory=list)  # (pid, host) of each rank
     failure: tuple[str, int | None, float] | None = None  # (reason, rank, t) signalled by supervision
     wake: threading.Event = field(default_factory=threading.Event)
 
@@ -116,6 +120,7 @@ class FTRun:
         self._fault_fired: list[dict[str, Any]] = []
         self._unsubscribe: Callable[[], None] | None = None
         self._schedule_stop: threading.Event | None = None
+        self.spawned_pids: list[int] = []  # every worker process this run started (orphan checks)
         self.started = False
         self.stopped = False
         self.data_dir: str | None = None
@@ -131,7 +136,8 @@ class FTRun:
 
     def status(self) -> dict[int, dict[str, Any]]:
         with self._lock:
-            return {g.index: {"state": g.state, "step": g.step, "attempts": g.attempts, "pids": list(g.pids)}
+            return {g.index: {"state": g.state, "step": g.step, "attempts": g.attempts,
+                              "pids": [pid for pid, _ in g.procs]}
                     for g in self.groups}
 
     def _emit(self, event: Event) -> None:
@@ -162,6 +168,7 @@ class FTRun:
 
                 self._session = Session(events=self.events)
             self._unsubscribe = self._session.on_failure(self._on_worker_failed)
+            atexit.register(self.stop, "interpreter exit")  # runs before the session's own atexit
             self.lighthouse = Lighthouse(LighthouseSettings(
                 bind=f"{'127.0.0.1' if cfg.job == 'local' else '0.0.0.0'}:0", min_replicas=cfg.min_replicas,
                 join_timeout_ms=cfg.join_timeout_ms, quorum_tick_ms=cfg.quorum_tick_ms,
@@ -212,7 +219,8 @@ class FTRun:
                                      g.attempts, mesh=g.name)
         with self._lock:
             g.actors = actors
-            g.pids = [p.pid for p in handle.procs if p.pid]
+            g.procs = [(p.pid, p.host) for p in handle.procs if p.pid]
+            self.spawned_pids.extend(pid for pid, _ in g.procs)
             g.failure = None
             g.last_answer = time.monotonic()
 
@@ -250,13 +258,30 @@ class FTRun:
         while not self._stopping.is_set():
             g.wake.wait(cfg.poll_interval_s)
             g.wake.clear()
-            if self._stopping.is_set():
+            if self._stopping.is_set() or getattr(self._session, "_closed", False):
                 return
             if g.state in ("stopped", "gave_up", "finished"):
                 return
-            reason = self._check(g)
-            if reason is not None and not self._stopping.is_set():
-                self._recover(g, *reason)
+            try:
+                reason = self._check(g)
+                if reason is not None and not self._stopping.is_set():
+                    self._recover(g, *reason)
+            except Exception as e:  # never let the supervisor die silently
+                log.exception("supervising %s: %s", g.name, e)
+                self._stopping.wait(1.0)
+
+    def _kill_local(self, g: ReplicaGroup) -> None:
+        """SIGKILL what is left of a failed group on this host, so that a hung process (GIL
+        held: it cannot answer a polite stop) releases its peers at once."""
+        import psutil
+
+        here = socket.gethostname()
+        for pid, host in g.procs:
+            if host == here:
+                try:
+                    psutil.Process(pid).kill()
+                except psutil.Error:
+                    pass
 
     def _check(self, g: ReplicaGroup) -> tuple[str, int | None, float] | None:
         """Poll the group once; return (reason, rank, detected_t) if it has failed."""
@@ -352,7 +377,8 @@ class FTRun:
         self._emit(FailureDetected(t=detected_t, replica=g.index, rank=rank, reason=reason,
                                    detection_s=(detected_t - fired) if fired else None))
         self._set_state(g, "failed", reason[:200])
-        while not self._stopping.is_set():
+        self._kill_local(g)
+        while not self._stopping.is_set() and not getattr(self._session, "_closed", False):
             try:
                 self._session.down(g.name)
             except Exception:
@@ -550,6 +576,7 @@ class FTRun:
         if self.stopped:
             return
         self.stopped = True
+        atexit.unregister(self.stop)
         self._stopping.set()
         self.stop_schedule()
         for g in self.groups:

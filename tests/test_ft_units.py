@@ -1,0 +1,208 @@
+"""Fault-tolerance layer, the parts that need no process: config validation, restart policy,
+fault specs and schedules, platform choice, the tiny data set, and history from a log."""
+
+from __future__ import annotations
+
+import json
+import types
+
+import pytest
+
+from monarch_nb.ft import Fault, FaultKind, FaultSchedule, RestartPolicy, RunConfig, open_run, select_platform
+from monarch_nb.ft.run import FTRun
+from monarch_nb.telemetry import EventStore
+from monarch_nb.telemetry.events import (
+    FailureDetected,
+    FaultInjected,
+    Healed,
+    Rejoined,
+    ReplicasIdentical,
+    Respawned,
+    RunStarted,
+    Step,
+)
+
+# ---- config: clear errors naming the field and the allowed values, before any process ----
+
+
+@pytest.mark.parametrize("changes, field, allowed", [
+    ({"model": "gpt5"}, "model", "debugmodel"),
+    ({"replicas": 0}, "replicas", ">= 1"),
+    ({"group_size": 0}, "group_size", ">= 1"),
+    ({"platform": "tpu"}, "platform", "auto, cpu, cuda, rocm"),
+    ({"backend": "mpi"}, "backend", "gloo, nccl"),
+    ({"job": "yarn"}, "job", "local, process, slurm, kubernetes"),
+    ({"min_replicas": 4}, "min_replicas", "1..3"),
+    ({"hang_timeout_s": 0.1}, "hang_timeout_s", "poll_interval_s"),
+    ({"restart": RestartPolicy(max_restarts=-1)}, "restart.max_restarts", ">= 0"),
+])
+def test_invalid_config_names_field_and_allowed_values(changes, field, allowed):
+    with pytest.raises(ValueError) as err:
+        RunConfig(**changes).validate()
+    assert str(err.value).startswith(field + ":"), err.value
+    assert allowed in str(err.value)
+
+
+def test_invalid_config_fails_before_any_process_starts(tmp_path):
+    with pytest.raises(ValueError, match="replicas"):
+        FTRun(RunConfig(replicas=0, runs_root=str(tmp_path)))
+    assert not any(tmp_path.iterdir()), "nothing may be created for an invalid run"
+
+
+def test_config_round_trips_through_a_dict():
+    cfg = RunConfig(replicas=2, restart=RestartPolicy(max_restarts=3, backoff_s=0.5))
+    assert RunConfig.from_dict(json.loads(json.dumps(cfg.to_dict()))) == cfg
+    with pytest.raises(ValueError, match="^bogus: unknown config field"):
+        RunConfig.from_dict({"bogus": 1})
+
+
+# ---- restart policy -----------------------------------------------------------------------
+
+
+def test_restart_policy_backs_off_exponentially_up_to_a_cap_then_gives_up():
+    p = RestartPolicy(max_restarts=5, backoff_s=1.0, backoff_factor=2.0, max_backoff_s=5.0)
+    assert [p.delay(a) for a in range(1, 7)] == [1.0, 2.0, 4.0, 5.0, 5.0, None]
+    assert RestartPolicy(max_restarts=0).delay(1) is None
+
+
+@pytest.mark.parametrize("policy, field", [
+    (RestartPolicy(backoff_s=-1), "restart.backoff_s"),
+    (RestartPolicy(backoff_factor=0.5), "restart.backoff_factor"),
+    (RestartPolicy(backoff_s=10, max_backoff_s=1), "restart.max_backoff_s"),
+])
+def test_restart_policy_rejects_nonsense(policy, field):
+    with pytest.raises(ValueError, match=f"^{field}:"):
+        policy.validate()
+
+
+# ---- faults -------------------------------------------------------------------------------
+
+
+def test_fault_kinds_cover_the_issue():
+    assert {k.value for k in FaultKind} >= {"kill", "segfault", "exit", "exception", "comms", "hang"}
+    with pytest.raises(ValueError, match="kind: unknown fault kind 'meteor'; allowed values: kill, segfault"):
+        FaultKind.parse("meteor")
+
+
+@pytest.mark.parametrize("fault, field", [
+    (Fault(FaultKind.KILL, replica=3), "replica"),
+    (Fault(FaultKind.KILL, replica=-1), "replica"),
+    (Fault(FaultKind.KILL, replica=0, rank=1), "rank"),
+    (Fault(FaultKind.KILL, replica=0, at_step=0), "at_step"),
+    (Fault(FaultKind.KILL, replica=0, at_step=5, after_s=1.0), "at_step/after_s"),
+])
+def test_fault_target_out_of_range_is_rejected(fault, field):
+    with pytest.raises(ValueError, match=f"^{field}"):
+        fault.validate(replicas=3, group_size=1)
+
+
+def test_fault_schedule_is_deterministic_for_a_seed_and_only_targets_eligible_groups():
+    a = FaultSchedule(every_s=5, kinds=["kill", "exception", "comms"], seed=7)
+    b = FaultSchedule(every_s=5, kinds=["kill", "exception", "comms"], seed=7)
+    seq_a = [a.next_target(3, 2, [0, 2]) for _ in range(50)]
+    seq_b = [b.next_target(3, 2, [0, 2]) for _ in range(50)]
+    assert seq_a == seq_b
+    assert {f.replica for f in seq_a} == {0, 2}
+    assert {f.kind for f in seq_a} == {FaultKind.KILL, FaultKind.EXCEPTION, FaultKind.COMMS}
+    assert {f.rank for f in seq_a} == {0, 1}
+    assert a.next_target(3, 2, []) is None
+
+
+def test_fault_schedule_validates_its_arguments():
+    with pytest.raises(ValueError, match="^every"):
+        FaultSchedule(every_s=0)
+    with pytest.raises(ValueError, match="^kinds: unknown fault kind"):
+        FaultSchedule(every_s=1, kinds=["kill", "flood"])
+
+
+# ---- platform: one module decides device and backend ------------------------------------
+
+
+def _fake_torch(gpu: bool, hip: str | None):
+    return types.SimpleNamespace(cuda=types.SimpleNamespace(is_available=lambda: gpu),
+                                 version=types.SimpleNamespace(hip=hip))
+
+
+def test_platform_is_cpu_gloo_without_a_gpu():
+    p = select_platform("auto", torch_module=_fake_torch(False, None))
+    assert (p.name, p.device_type, p.backend) == ("cpu", "cpu", "gloo")
+
+
+def test_platform_selects_nccl_on_cuda_mocked_gpu():
+    p = select_platform("auto", torch_module=_fake_torch(True, None))
+    assert (p.name, p.device_type, p.backend) == ("cuda", "cuda", "nccl")
+
+
+def test_platform_selects_nccl_on_rocm_mocked_gpu():
+    p = select_platform("auto", torch_module=_fake_torch(True, "6.2.41133"))
+    assert (p.name, p.device_type, p.backend) == ("rocm", "cuda", "nccl")  # nccl is RCCL on ROCm builds
+    assert "RCCL" in p.describe()
+
+
+def test_platform_rejects_a_gpu_platform_on_a_cpu_machine():
+    with pytest.raises(ValueError, match="^platform: 'cuda' requested but this machine has no GPU"):
+        select_platform("cuda", torch_module=_fake_torch(False, None))
+    assert select_platform("auto", backend="gloo", torch_module=_fake_torch(True, None)).backend == "gloo"
+
+
+def test_platform_on_this_machine_is_cpu_gloo():
+    p = select_platform()
+    assert (p.device_type, p.backend) == ("cpu", "gloo")
+
+
+# ---- tiny data ----------------------------------------------------------------------------
+
+
+def test_tiny_tokenizer_and_corpus_are_built_locally_and_load_in_torchtitan(tmp_path):
+    from monarch_nb.ft.tinydata import ensure_tinydata
+
+    out = ensure_tinydata(tmp_path)
+    again = ensure_tinydata(tmp_path)
+    assert out == again
+    assert {p.name for p in out.iterdir()} >= {"tokenizer.json", "tokenizer_config.json", "corpus.jsonl"}
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert 256 < manifest["vocab_size"] <= 2048  # fits the Llama 3 debug model's vocabulary
+    from monarch_nb.ft.engine import _stub_triton_kernels
+
+    _stub_triton_kernels()
+    from torchtitan.components.tokenizer import HuggingFaceTokenizer
+
+    tok = HuggingFaceTokenizer(tokenizer_path=str(out))
+    ids = tok.encode("The cat sees the red ball.", add_bos=True, add_eos=True)
+    assert ids[0] == tok.bos_id and ids[-1] == tok.eos_id
+    assert tok.decode(ids[1:-1]) == "The cat sees the red ball."
+
+
+# ---- history from the event log alone -----------------------------------------------------
+
+
+def _write_synthetic_run(path):
+    store = EventStore(path / "events.jsonl")
+    t = 1000.0
+    store.append(RunStarted(t=t, run_id="synthetic", config={"replicas": 2}))
+    for s in range(1, 11):
+        for r in (0, 1):
+            store.append(Step(t=t + s, replica=r, step=s, loss=5.0 - 0.3 * s, tokens_per_s=100.0, committed=True))
+    store.append(FaultInjected(t=t + 10.2, fault="kill", replica=1, rank=0, step=11))
+    store.append(FailureDetected(t=t + 11.0, replica=1, rank=0, reason="Killed(sig=9)", detection_s=0.5))
+    for s in range(11, 16):
+        store.append(Step(t=t + s + 0.5, replica=0, step=s, loss=2.0, tokens_per_s=100.0, committed=True))
+    store.append(Respawned(t=t + 14.0, replica=1, attempt=1, seconds=3.0))
+    store.append(Healed(t=t + 15.6, replica=1, step=15, bytes=1234, seconds=0.1, source_replica=0))
+    store.append(Step(t=t + 16.5, replica=1, step=16, loss=1.9, tokens_per_s=100.0, committed=True))
+    store.append(Rejoined(t=t + 16.5, replica=1, step=16, seconds_since_failure=6.0))
+    store.append(ReplicasIdentical(t=t + 18.0, step=18, identical=True, hashes={"a": "x", "b": "x"}))
+    store.close()
+
+
+def test_open_run_rebuilds_recoveries_from_the_file_alone(tmp_path):
+    _write_synthetic_run(tmp_path)
+    history = open_run(tmp_path)
+    (rec,) = history.recoveries()
+    assert rec.fault == "kill" and rec.replica == 1
+    assert rec.detection_s == 0.5 and rec.respawn_s == 3.0
+    assert (rec.heal_bytes, rec.heal_source, rec.rejoined_step) == (1234, 0, 16)
+    assert rec.survivor_commits_while_down == 5 and rec.identical is True
+    assert rec.survivor_stall_steps == pytest.approx(1.5)
+    assert history.summary()["loss_end"] < history.summary()["loss_start"]
+    assert open_run(tmp_path / "events.jsonl").recoveries() == history.recoveries()
