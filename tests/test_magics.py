@@ -86,12 +86,30 @@ def test_an_exception_on_some_ranks_is_shown_per_rank_with_the_others_results(sh
     ("replace", "the following arguments are required: name"),
     ("kill --rank x", "invalid int value"),
     ("up --procs '2", "cannot parse arguments"),
+    ("train --replicas 0", "expected a positive integer"),
+    ("inject meteor --replica 0", "invalid choice: 'meteor'"),
+    ("inject kill", "the following arguments are required: --replica"),
+    ("inject kill --replica 0 --at-step 3 --after 2", "not allowed with argument"),
+    ("schedule", "the following arguments are required: --every"),
 ])
 def test_bad_line_arguments_raise_usage_error_with_usage(shell, line, expected):
     with pytest.raises(UsageError) as err:
         shell.run_line_magic("monarch", line)
     assert expected in str(err.value)
     assert "usage:" in str(err.value)
+
+
+@pytest.mark.parametrize("line, expected", [
+    ("inject kill --replica 0", "no fault-tolerant run is active; start one with `%monarch train`"),
+    ("stop", "no fault-tolerant run is active"),
+    ("train --model gpt5", "model"),
+])
+def test_training_commands_refuse_bad_input_before_starting_anything(shell, msession, line, expected):
+    before = set(msession.meshes)
+    with pytest.raises(UsageError) as err:
+        shell.run_line_magic("monarch", line)
+    assert expected in str(err.value)
+    assert set(msession.meshes) == before
 
 
 def test_unknown_mesh_lists_the_known_ones(shell, msession):

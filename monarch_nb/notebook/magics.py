@@ -22,8 +22,9 @@ from ..session import Session, current_session
 from .args import HelpShown, MagicArgumentParser, dim_selector, key_value, positive_float, positive_int
 from .html import cell_outputs_html
 from .slicing import validate_slice
+from .train_magics import TrainingCommands, add_training_commands
 
-SUBCOMMANDS = ("up", "status", "down", "replace", "kill")
+SUBCOMMANDS = ("up", "status", "down", "replace", "kill", "train", "inject", "schedule", "stop", "dashboard")
 
 
 def _line_parser() -> MagicArgumentParser:
@@ -51,6 +52,7 @@ def _line_parser() -> MagicArgumentParser:
     kill.add_argument("--mesh", default=None)
     kill.add_argument("--rank", type=int, required=True)
     kill.add_argument("--signal", default="KILL", choices=["KILL", "SEGV", "TERM"])
+    add_training_commands(sub)
     return parser
 
 
@@ -71,6 +73,7 @@ class MonarchMagics(Magics):
         self._session = session
         self._line = _line_parser()
         self._cell = _cell_parser()
+        self.training = TrainingCommands()
 
     @property
     def session(self) -> Session:
@@ -126,6 +129,21 @@ class MonarchMagics(Magics):
             raise UsageError(f"rank {args.rank} of {handle.name!r} runs on {proc.host}; kill only reaches local workers")
         os.kill(proc.pid, getattr(signal, f"SIG{args.signal}"))
         print(f"sent SIG{args.signal} to mesh {handle.name!r} rank {args.rank} (pid {proc.pid})")
+
+    def _cmd_train(self, args: Any) -> None:
+        self.training.train(args, self.session, self.shell)
+
+    def _cmd_inject(self, args: Any) -> None:
+        self.training.inject(args)
+
+    def _cmd_schedule(self, args: Any) -> None:
+        self.training.schedule(args)
+
+    def _cmd_stop(self, args: Any) -> None:
+        self.training.stop()
+
+    def _cmd_dashboard(self, args: Any) -> None:
+        display(self.training.dashboard())
 
     # ---- cell ----------------------------------------------------------------------------
 
