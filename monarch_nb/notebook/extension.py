@@ -39,12 +39,15 @@ class FailureNotices:
                 return
         _show(event)
 
-    def pre_run_cell(self, *_: Any) -> None:
+    def _watch_current(self) -> None:
         from ..session import current_session
 
         session = current_session(create=False)
         if session is not None:
             self.watch(session)
+
+    def pre_run_cell(self, *_: Any) -> None:
+        self._watch_current()
         with self._lock:
             self._running = True
             pending, self._pending = self._pending, []
@@ -52,11 +55,7 @@ class FailureNotices:
             _show(event)
 
     def post_run_cell(self, *_: Any) -> None:
-        from ..session import current_session
-
-        session = current_session(create=False)
-        if session is not None:
-            self.watch(session)
+        self._watch_current()
         with self._lock:
             self._running = False
 
