@@ -110,6 +110,7 @@ class FTRun:
         self._host_mesh_for = host_mesh_for
         self._job: Any = None
         self.lighthouse: Lighthouse | None = None
+        self.lighthouse_pid: int | None = None
         self.groups = [ReplicaGroup(r) for r in range(cfg.replicas)]
         self._lock = threading.RLock()
         self._stopping = threading.Event()
@@ -173,6 +174,7 @@ class FTRun:
                 bind=f"{'127.0.0.1' if cfg.job == 'local' else '0.0.0.0'}:0", min_replicas=cfg.min_replicas,
                 join_timeout_ms=cfg.join_timeout_ms, quorum_tick_ms=cfg.quorum_tick_ms,
                 heartbeat_timeout_ms=cfg.heartbeat_timeout_ms)).start()
+            self.lighthouse_pid = self.lighthouse.pid
             for g in self.groups:
                 self._set_state(g, "starting")
                 self._spawn(g)
