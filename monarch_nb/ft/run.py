@@ -272,6 +272,23 @@ class FTRun:
                 log.exception("supervising %s: %s", g.name, e)
                 self._stopping.wait(1.0)
 
+    def _dead_local_rank(self, g: ReplicaGroup) -> tuple[str, int | None, float] | None:
+        """A pid check for ranks on this host: Monarch supervision usually reports a dead
+        process first (with its exit status), but not always; this never misses one."""
+        import psutil
+
+        here = socket.gethostname()
+        for rank, (pid, host) in enumerate(g.procs):
+            if host != here:
+                continue
+            try:
+                gone = psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+            except psutil.NoSuchProcess:
+                gone = True
+            if gone:
+                return (f"process {pid} of rank {rank} is gone (found by pid check)", rank, time.time())
+        return None
+
     def _kill_local(self, g: ReplicaGroup) -> None:
         """SIGKILL what is left of a failed group on this host, so that a hung process (GIL
         held: it cannot answer a polite stop) releases its peers at once."""
@@ -289,6 +306,9 @@ class FTRun:
         """Poll the group once; return (reason, rank, detected_t) if it has failed."""
         if g.failure is not None:
             return g.failure
+        dead = self._dead_local_rank(g)
+        if dead is not None:
+            return dead
         timeout = max(0.5, min(2.0, self.config.hang_timeout_s / 2))
         result = self._session.deadline(g.actors, timeout).poll.gather()
         now = time.monotonic()
