@@ -118,10 +118,14 @@ def test_recovery_lists_each_phase_with_its_duration():
     (rec,) = m.recoveries
     assert rec.status == "recovered" and rec.fault == "kill" and rec.rank == 1
     durations = {p.name: p.duration_s for p in rec.phases()}
-    assert durations == pytest.approx({"detected": 0.5, "respawned": 2.4, "healed": 0.05, "rejoined": 0.5})
-    assert rec.total_s == pytest.approx(3.6)
+    # each phase from the previous one's end, so they add up to the total
+    assert durations == pytest.approx({"detected": 0.5, "respawned": 2.5, "healed": 0.1, "rejoined": 0.5})
+    assert sum(durations.values()) == pytest.approx(rec.total_s) and rec.total_s == pytest.approx(3.6)
+    # what the events measured themselves (the spawn alone, the transfer alone) is kept too
+    assert {p.name: p.reported_s for p in rec.phases()}["respawned"] == pytest.approx(2.4)
     html = recoveries_html(m.recoveries, m.started_t)
-    assert "data-phase='respawned' data-seconds='2.400'" in html and "recovered" in html
+    assert "data-phase='respawned' data-seconds='2.500'" in html and "recovered" in html
+    assert "spawn 2.40 s" in html and "transfer 0.05 s" in html
 
 
 def test_recovery_in_progress_reports_the_phase_it_waits_for():
@@ -363,3 +367,20 @@ def test_a_failure_is_drawn_at_least_once_even_if_respawn_started_before_the_red
     assert {c.state for c in cells} == {"respawning"}
     assert "after failure: SIGKILL" in cells[0].detail  # still says why the group is down
     assert m.mark_drawn() is False
+
+
+def test_plot_breaks_a_groups_line_while_it_was_down_and_puts_markers_on_its_curve():
+    from monarch_nb.notebook.dashboard_render import LossPlot
+
+    evs = healthy_run(steps=10) + kill_and_recover()
+    evs += [Step(t=T0 + 30 + s, replica=r, step=s, loss=1.0 + 0.01 * r, tokens_per_s=1.0, committed=True)
+            for s in (12, 13, 14) for r in range(3)]
+    plot = LossPlot()
+    png = plot.render(model_of(evs).plot_data())
+    assert png.startswith(b"\x89PNG")
+    xs = list(plot._lines[1].get_xdata())
+    assert xs[:10] == list(range(10)) and xs[10] != xs[10] and xs[11:] == [12, 13, 14]  # NaN = break
+    (fault,) = plot._marks["fault"].get_offsets().tolist()
+    (heal,) = plot._marks["heal"].get_offsets().tolist()
+    assert fault == pytest.approx([10, 3.0 - 0.9 + 0.01])  # last point of group 1 before the kill
+    assert heal == pytest.approx([12, 1.01])  # first point of group 1 after it healed

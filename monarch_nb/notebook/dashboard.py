@@ -14,8 +14,10 @@ above 1000 msg/s). Widget updates from that thread reach the browser while no ce
 Plot choice: matplotlib's Agg renderer into an ``ipywidgets.Image``. It needs no frontend
 extension beyond ipywidgets (works in JupyterLab, Notebook 7, VS Code and in saved widget
 state), the same PNG is the static fallback for headless runs, and drawing happens in the
-kernel where we can bound it: the plot's redraw interval adapts so that drawing uses at most
-``plot_cpu_share`` of a core (measured per render), whatever the step rate. ipympl would cost
+kernel where we can bound it. Every panel measures the CPU time of its frames (render + send)
+and waits long enough between frames to stay within its part of ``cpu_share`` (default 3% of
+a core), so the UI's cost is bounded whatever the event rate; the plot redraws every one to a
+few seconds, the health grid up to ``max_hz``. ipympl would cost
 the same rendering plus a frontend round trip per frame (and stays blank under nbclient);
 bqplot would add a dependency and ~1 MB of JavaScript.
 """
@@ -46,6 +48,9 @@ from .dashboard_model import (
 
 __all__ = ["Dashboard", "DashboardStats", "RunControls", "FAULT_KINDS"]
 
+# How the UI's CPU budget (``cpu_share`` of one core) is split between panels.
+CPU_SPLIT = {PLOT: 0.6, HEALTH: 0.15, QUORUM: 0.05, HEADER: 0.05, TIMELINE: 0.1, CONTROLS: 0.05}
+
 
 class RunControls(Protocol):
     """What the controls panel drives: the fault-tolerant run."""
@@ -63,6 +68,7 @@ class DashboardStats:
     events: int = 0
     messages: dict[str, int] = field(default_factory=lambda: {p: 0 for p in PANELS})
     renders: dict[str, int] = field(default_factory=lambda: {p: 0 for p in PANELS})
+    cpu_s: dict[str, float] = field(default_factory=lambda: {p: 0.0 for p in PANELS})  # per panel, all frames
     observer_cpu_s: float = 0.0  # time spent in the store observer (on writer threads)
     flusher_cpu_s: float = 0.0  # CPU time of the flusher thread
     plot_render_s: float = 0.0  # smoothed CPU seconds of one plot render
@@ -86,7 +92,7 @@ class Dashboard:
         controls: RunControls | None = None,
         *,
         max_hz: float = 10.0,
-        plot_cpu_share: float = 0.02,
+        cpu_share: float = 0.03,
         max_plot_interval_s: float = 5.0,
         heartbeat_interval_s: float = 1.0,
         clock: Callable[[], float] = time.time,
@@ -96,7 +102,8 @@ class Dashboard:
         self.store = store
         self.controls = controls
         self.max_hz = float(max_hz)
-        self.plot_cpu_share = float(plot_cpu_share)
+        self.cpu_share = float(cpu_share)
+        self._cost: dict[str, float] = {p: 0.0 for p in PANELS}
         self.max_plot_interval_s = float(max_plot_interval_s)
         self.heartbeat_interval_s = float(heartbeat_interval_s)
         self._clock = clock
@@ -153,7 +160,7 @@ class Dashboard:
 
         self.fault_kind = w.Dropdown(options=list(FAULT_KINDS), value="kill", description="fault",
                                      layout=w.Layout(width="180px"))
-        self.replica_choice = w.Dropdown(options=[], description="group", layout=w.Layout(width="160px"))
+        self.replica_choice = w.Dropdown(options=[], description="group", layout=w.Layout(width="190px"))
         self.inject_button = w.Button(description="Inject fault", button_style="danger", icon="bolt",
                                       tooltip="inject the chosen fault into the chosen replica group")
         self.stop_button = w.Button(description="Stop run", button_style="warning", icon="stop",
@@ -173,11 +180,12 @@ class Dashboard:
             return w.HTML(f"<div style='font-weight:bold;font-size:13px;margin-top:6px;"
                           f"border-bottom:1px solid #ccc'>{title}</div>")
 
+        left = w.VBox([section("health (replica group x rank)"), self.health, self.quorum],
+                      layout=w.Layout(min_width="300px", margin="0 12px 0 0"))
+        right = w.VBox([section("loss"), self.plot, self.plot_caption], layout=w.Layout(min_width="300px"))
         self.widget = w.VBox([
             self.header, self.controls_box,
-            section("health (replica group x rank)"), self.health,
-            self.quorum,
-            section("loss"), self.plot, self.plot_caption,
+            w.HBox([left, right], layout=w.Layout(flex_flow="row wrap", align_items="flex-start")),
             section("recoveries"), self.timeline,
         ])
         self.widget.add_class("mnb-dashboard")
@@ -205,11 +213,15 @@ class Dashboard:
     # ---- flushing ---------------------------------------------------------------------
 
     def _interval(self, panel: str) -> float:
+        """Seconds between two frames of ``panel``: at most ``max_hz`` frames a second, and no
+        more often than keeps the panel within its share of the CPU budget (capped so that a
+        slow machine still sees updates)."""
         base = 1.0 / self.max_hz
-        if panel == PLOT and self.plot_cpu_share > 0:
-            budgeted = self.stats.plot_render_s / self.plot_cpu_share
-            return max(base, min(budgeted, self.max_plot_interval_s))
-        return base
+        share = self.cpu_share * CPU_SPLIT[panel]
+        if share <= 0:
+            return base
+        cap = self.max_plot_interval_s if panel == PLOT else max(base, 2.0)
+        return max(base, min(self._cost[panel] / share, cap))
 
     def _take_due(self, now: float) -> tuple[set[str], float | None]:
         """Under the lock: the dirty panels whose interval has passed, and seconds to wait."""
@@ -253,66 +265,75 @@ class Dashboard:
             self.stats.messages[panel] += 1
 
     def _render(self, panels: set[str]) -> None:
+        """Render ``panels`` and send what changed; each panel's CPU cost sets its next interval."""
         with self._render_lock:
             now = self._clock()
+            values: dict[str, Any] = {}
+            cost: dict[str, float] = {}
             with self._lock:
                 m = self.model
-                values: dict[str, Any] = {}
-                if HEADER in panels:
-                    values[HEADER] = render.header_html(m, now)
-                if HEALTH in panels:
-                    values[HEALTH] = render.health_html(m.health_cells(now))
-                    if m.mark_drawn():
-                        self._dirty.add(HEALTH)  # next frame (after the throttle) shows the current state
-                if QUORUM in panels:
-                    values[QUORUM] = render.quorum_html(m.quorum_summary())
-                if TIMELINE in panels:
-                    values[TIMELINE] = render.timeline_html(m)
-                if CONTROLS in panels:
-                    values[CONTROLS] = (sorted(m.replicas), m.live or m.run_id is None)
-                plot_data = m.plot_data() if PLOT in panels else None
+                for p in panels:
+                    c0 = time.thread_time()
+                    if p == HEADER:
+                        values[p] = render.header_html(m, now)
+                    elif p == HEALTH:
+                        values[p] = render.health_html(m.health_cells(now))
+                        if m.mark_drawn():
+                            self._dirty.add(HEALTH)  # next frame (after the throttle) shows the current state
+                    elif p == QUORUM:
+                        values[p] = render.quorum_html(m.quorum_summary())
+                    elif p == TIMELINE:
+                        values[p] = render.timeline_html(m)
+                    elif p == CONTROLS:
+                        values[p] = (sorted(m.replicas), m.live or m.run_id is None)
+                    elif p == PLOT:
+                        values[p] = m.plot_data()
+                    cost[p] = time.thread_time() - c0
                 scheduled = time.monotonic()
                 for p in panels:
                     self._next_ok[p] = scheduled + self._interval(p)
             for p in panels:
+                c0 = time.thread_time()
                 self.stats.renders[p] += 1
-            if HEADER in values:
-                self._set(HEADER, self.header, values[HEADER])
-            if HEALTH in values:
-                self._set(HEALTH, self.health, values[HEALTH])
-            if QUORUM in values:
-                self._set(QUORUM, self.quorum, values[QUORUM])
-            if TIMELINE in values:
-                self._set(TIMELINE, self.timeline, values[TIMELINE])
-            if CONTROLS in values:
-                self._render_controls(*values[CONTROLS])
-            if plot_data is not None:
-                png = self._plot.render(plot_data)
-                self._last_png = png
-                # Smoothed CPU cost of one plot; the first render (font cache, imports) is an outlier.
-                cost = self._plot.last_render_s
-                if self.stats.renders[PLOT] <= 1:
-                    self.stats.plot_render_s = min(cost, 0.05)
-                else:
-                    self.stats.plot_render_s = 0.7 * self.stats.plot_render_s + 0.3 * cost
-                with self._lock:
-                    self._next_ok[PLOT] = time.monotonic() + self._interval(PLOT)
-                    self.stats.plot_interval_s = self._interval(PLOT)
-                self._set(PLOT, self.plot, png)
-                self._set(PLOT, self.plot_caption,
-                          f"<span class='mnb-plot-caption' data-points='{plot_data.point_count}' "
-                          f"data-markers='{len(plot_data.markers)}' style='font-size:11px;color:#555'>"
-                          f"{plot_data.point_count} loss points, {len(plot_data.markers)} markers "
-                          f"(&#x2716; fault injected, &#x25bc; failure, &#x25b2; healed; "
-                          f"black: committed global loss)</span>")
+                if p == HEADER:
+                    self._set(p, self.header, values[p])
+                elif p == HEALTH:
+                    self._set(p, self.health, values[p])
+                elif p == QUORUM:
+                    self._set(p, self.quorum, values[p])
+                elif p == TIMELINE:
+                    self._set(p, self.timeline, values[p])
+                elif p == CONTROLS:
+                    self._render_controls(*values[p])
+                elif p == PLOT:
+                    png = self._plot.render(values[p], legend=False)
+                    self._last_png = png
+                    self._set(p, self.plot, png)
+                    self._set(p, self.plot_caption, render.plot_legend_html(values[p]))
+                cost[p] += time.thread_time() - c0
+            with self._lock:
+                for p in panels:
+                    self._record_cost(p, cost[p])
+                    self.stats.cpu_s[p] += cost[p]
+                    self._next_ok[p] = scheduled + self._interval(p)
+                self.stats.plot_render_s = self._cost[PLOT]
+                self.stats.plot_interval_s = self._interval(PLOT)
+
+    def _record_cost(self, panel: str, seconds: float) -> None:
+        """Smoothed CPU cost of one frame of ``panel``; the very first frame (imports, font
+        cache, comm open) is an outlier and only counts up to a small cap."""
+        if self.stats.renders[panel] <= 1:
+            self._cost[panel] = min(seconds, 0.002 if panel != PLOT else 0.03)
+        else:
+            self._cost[panel] = 0.7 * self._cost[panel] + 0.3 * seconds
 
     def _render_controls(self, replicas: list[int], live: bool) -> None:
         options = [(f"group {r}", r) for r in replicas]
         if list(self.replica_choice.options) != options:
             keep = self.replica_choice.value
             self.replica_choice.options = options
-            if keep in replicas:
-                self.replica_choice.value = keep
+            if replicas:
+                self.replica_choice.value = keep if keep in replicas else replicas[0]
             self.stats.messages[CONTROLS] += 1
         if self.controls is not None:
             disabled = not live

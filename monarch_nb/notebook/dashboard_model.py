@@ -18,7 +18,11 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 from monarch_nb.telemetry.events import (
+    CallTimedOut,
     Event,
+    MeshDown,
+    MeshUp,
+    WorkerFailed,
     FailureDetected,
     FaultInjected,
     GaveUp,
@@ -56,6 +60,9 @@ STATE_STYLES: dict[str, StateStyle] = {
     "respawning": StateStyle("#f9a825", "#1a1a1a", "\u21bb", "respawning"),
     "healing": StateStyle("#1565c0", "#ffffff", "\u21c4", "healing"),
     "stopped": StateStyle("#616161", "#ffffff", "\u25a0", "stopped"),
+    # Also reported by the FT run: a group the restart policy gave up on; a group done training.
+    "gave_up": StateStyle("#7f0000", "#ffffff", "\u2620", "GAVE UP"),
+    "finished": StateStyle("#455a64", "#ffffff", "\u2691", "finished"),
     "unknown": StateStyle("#e0e0e0", "#1a1a1a", "?", "unknown"),
 }
 
@@ -138,9 +145,14 @@ class Marker:
 
 @dataclass(frozen=True)
 class Phase:
+    """One phase of a recovery. ``duration_s`` runs from the previous phase's end to this one's,
+    so the phases of a finished recovery add up to its total; ``reported_s`` is the duration the
+    event itself measured (the spawn alone, the state transfer alone), when it carries one."""
+
     name: str  # detected | respawned | healed | rejoined
     t: float | None
     duration_s: float | None
+    reported_s: float | None = None
 
 
 @dataclass
@@ -193,27 +205,35 @@ class Recovery:
         return "rejoining"
 
     def phases(self) -> list[Phase]:
+        """Detection is measured from the failure itself when the event says so (the fault fired
+        after the injection, at the next step); every later phase from the previous one's end."""
+
         def gap(a: float | None, b: float | None) -> float | None:
             return None if a is None or b is None else max(0.0, b - a)
 
         detected = self.detection_s if self.detection_s is not None else gap(self.injected_t, self.detected_t)
-        respawned = self.respawn_s if self.respawn_s is not None else gap(self.detected_t, self.respawned_t)
-        healed = self.heal_s if self.heal_s is not None else gap(self.respawned_t, self.healed_t)
+        respawned = gap(self.detected_t, self.respawned_t)
+        healed = gap(self.respawned_t, self.healed_t)
         rejoined = gap(self.healed_t if self.healed_t is not None else self.respawned_t, self.rejoined_t)
         return [
             Phase("detected", self.detected_t, detected),
-            Phase("respawned", self.respawned_t, respawned),
-            Phase("healed", self.healed_t, healed),
+            Phase("respawned", self.respawned_t, respawned if respawned is not None else self.respawn_s,
+                  self.respawn_s),
+            Phase("healed", self.healed_t, healed if healed is not None else self.heal_s, self.heal_s),
             Phase("rejoined", self.rejoined_t, rejoined),
         ]
 
     @property
     def total_s(self) -> float | None:
+        """Failure to rejoin: as the run measured it, else the sum of the phases."""
         if self.since_failure_s is not None:
             return self.since_failure_s
-        if self.rejoined_t is not None and self.start_t is not None:
-            return max(0.0, self.rejoined_t - self.start_t)
-        return None
+        if self.rejoined_t is None:
+            return None
+        durations = [p.duration_s for p in self.phases()]
+        if all(d is not None for d in durations):
+            return sum(durations)  # type: ignore[arg-type]
+        return None if self.start_t is None else max(0.0, self.rejoined_t - self.start_t)
 
 
 @dataclass(frozen=True)
@@ -294,10 +314,10 @@ class DashboardModel:
     def _set_state(self, rec: ReplicaRecord, state: str, detail: str = "") -> None:
         rec.state = state
         rec.detail = detail
-        if state == "failed":
+        if state in ("failed", "gave_up"):
             rec.unseen_failure = detail or rec.unseen_failure or "failed"
             rec.down_reason = detail or rec.down_reason or "failed"
-        elif state in ("training", "stopped"):
+        elif state in ("training", "stopped", "finished"):
             rec.unseen_failure = None
             rec.down_reason = None
             rec.failed_rank = None
@@ -338,7 +358,7 @@ class DashboardModel:
         self.stopped_t = e.t
         self.stop_reason = e.reason
         for rec in self.replicas.values():
-            if rec.state != "failed" or "gave up" not in rec.detail:
+            if rec.state not in ("gave_up", "finished") and not (rec.state == "failed" and "gave up" in rec.detail):
                 self._set_state(rec, "stopped", e.reason if e.reason != "stopped" else "")
         self._log(e, f"run stopped ({e.reason})")
         return {HEADER, HEALTH, TIMELINE, CONTROLS}
@@ -485,6 +505,24 @@ class DashboardModel:
         self._set_state(rec, "failed", f"gave up after {e.attempts} attempts")
         self._log(e, f"gave up on group {e.replica} after {e.attempts} attempts")
         return {HEALTH, TIMELINE}
+
+    def _on_WorkerFailed(self, e: WorkerFailed) -> set[str]:
+        who = e.mesh + (f" rank {e.rank}" if e.rank is not None else "")
+        self._log(e, f"Monarch: {who} failed: {e.reason}")
+        return {TIMELINE}
+
+    def _on_MeshUp(self, e: MeshUp) -> set[str]:
+        shape = "x".join(str(v) for v in e.shape.values()) or "?"
+        self._log(e, f"mesh {e.mesh} up ({shape} procs) in {e.seconds:.2f} s")
+        return {TIMELINE}
+
+    def _on_MeshDown(self, e: MeshDown) -> set[str]:
+        self._log(e, f"mesh {e.mesh} down")
+        return {TIMELINE}
+
+    def _on_CallTimedOut(self, e: CallTimedOut) -> set[str]:
+        self._log(e, f"{e.mesh}.{e.endpoint} timed out after {e.timeout_s:g} s (ranks {e.missing_ranks})")
+        return {TIMELINE}
 
     def _on_ReplicasIdentical(self, e: ReplicasIdentical) -> set[str]:
         self.identical = (e.step, e.identical)

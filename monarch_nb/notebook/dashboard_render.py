@@ -15,7 +15,7 @@ import base64
 import html
 import io
 import time
-from typing import Iterable
+from typing import Any, Iterable
 
 from .dashboard_model import (
     STATE_STYLES,
@@ -87,9 +87,9 @@ def _cell_html(c: HealthCell) -> str:
     return (f"<div class='mnb-cell mnb-state-{_e(c.state)}' data-replica='{c.replica}' data-rank='{c.rank}' "
             f"data-state='{_e(c.state)}' data-step='{step}' title='{_e(c.text)}' role='status' "
             f"aria-label='{_e(c.text)}' style='background:{st.background};color:{st.foreground};"
-            f"border-radius:4px;padding:4px 6px;min-width:120px;font-family:sans-serif;font-size:12px'>"
+            f"border-radius:4px;padding:2px 6px;min-width:112px;font-family:sans-serif;font-size:12px;line-height:1.35'>"
             f"<div class='mnb-cell-id' style='font-size:11px'>group {c.replica} &middot; rank {c.rank}</div>"
-            f"<div class='mnb-cell-state' style='font-weight:bold;font-size:13px'>{_e(st.glyph)} {_e(st.label)}</div>"
+            f"<div class='mnb-cell-state' style='font-weight:bold'>{_e(st.glyph)} {_e(st.label)}</div>"
             f"<div class='mnb-cell-step'>step {step} &middot; <span class='mnb-cell-age'>{_e(age)}</span></div>"
             f"{detail}</div>")
 
@@ -142,10 +142,10 @@ def quorum_html(q: QuorumSummary) -> str:
     colour = "#b26a00" if degraded else "inherit"
     return (f"<div class='mnb-quorum' data-quorum-id='{qid}' data-participants='{part}' "
             f"data-total='{q.total_groups}' data-committed='{q.steps_committed}' data-attempted='{q.steps_attempted}' "
-            f"style='font-family:sans-serif;font-size:13px;padding:2px 0'>"
+            f"style='font-family:sans-serif;font-size:13px;padding:2px 0;white-space:normal;line-height:1.5'>"
             f"<b>quorum</b> {qid} &middot; <span style='color:{colour}'><b>{part}/{q.total_groups}</b> groups "
-            f"participating</span> &middot; <b>steps committed</b> {q.steps_committed} / {q.steps_attempted} "
-            f"attempted{pct} &middot; global step {gstep}</div>")
+            f"participating</span><br><b>steps committed</b> {q.steps_committed} / {q.steps_attempted} "
+            f"attempted{pct}<br>global step {gstep}</div>")
 
 
 # ---- recoveries and event list ----------------------------------------------------------
@@ -160,9 +160,12 @@ def recoveries_html(recoveries: list[Recovery], t0: float | None, *, bars: bool 
     longest = max((r.total_s or sum(p.duration_s or 0.0 for p in r.phases())) for r in recoveries) or 1.0
     for i, r in enumerate(recoveries):
         phases = r.phases()
+        notes = {"respawned": "spawn", "healed": "transfer"}
         cells = "".join(
             f"<td class='mnb-phase' data-phase='{p.name}' data-seconds='{'' if p.duration_s is None else f'{p.duration_s:.3f}'}'>"
-            f"{_secs(p.duration_s)}<br><span style='font-size:10px;color:#666'>{_clock(p.t, t0)}</span></td>"
+            f"{_secs(p.duration_s)}<br><span style='font-size:10px;color:#666'>{_clock(p.t, t0)}"
+            + (f" &middot; {notes[p.name]} {_secs(p.reported_s)}" if p.reported_s is not None and p.name in notes else "")
+            + "</span></td>"
             for p in phases)
         bar = ""
         if bars:
@@ -205,6 +208,18 @@ def timeline_html(model: DashboardModel, last_events: int = 12) -> str:
 # ---- loss plot --------------------------------------------------------------------------
 
 
+def _with_gaps(points: list, max_gap: int = 1) -> list:
+    """Break a line where steps are missing (the group was down) instead of bridging the gap."""
+    out: list = []
+    prev = None
+    for s, l in points:
+        if prev is not None and s - prev > max_gap:
+            out.append((float("nan"), float("nan")))
+        out.append((s, l))
+        prev = s
+    return out
+
+
 def _downsample(points: list, limit: int) -> list:
     if len(points) <= limit:
         return points
@@ -217,89 +232,144 @@ def _downsample(points: list, limit: int) -> list:
 class LossPlot:
     """Loss curves (one line per replica group + committed global loss) with fault/heal markers.
 
-    Keeps one matplotlib Figure and redraws it into a PNG. Not thread-safe: one renderer at a
-    time (the dashboard holds a lock around it).
+    Keeps one matplotlib Figure whose artists are updated in place (new data, rescaled axes)
+    rather than rebuilt: clearing the axes re-creates ticks and text and costs more than the
+    drawing itself. Not thread-safe: one renderer at a time (the dashboard holds a lock).
     """
+
+    MARKER_STYLE = {"fault": dict(marker="X", color="#d32f2f", s=90, label="fault injected"),
+                    "failure": dict(marker="v", color="#d32f2f", s=70, label="failure"),
+                    "heal": dict(marker="^", color="#1565c0", s=80, label="healed")}
 
     def __init__(self, *, width_in: float = 7.5, height_in: float = 3.0, dpi: int = 80,
                  max_points_per_line: int = 1500) -> None:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.collections import LineCollection
         from matplotlib.figure import Figure
 
         self.fig = Figure(figsize=(width_in, height_in), dpi=dpi)
-        FigureCanvasAgg(self.fig)
-        self.ax = self.fig.add_subplot()
-        self.max_points = max_points_per_line
-        self.last_render_s = 0.0
-
-    def render(self, data: PlotData, *, dpi: int | None = None) -> bytes:
-        t0 = time.thread_time()
-        ax = self.ax
-        ax.clear()
-        series = data.series
-        for replica, pts in series.items():
-            colour = REPLICA_COLOURS[replica % len(REPLICA_COLOURS)]
-            committed = _downsample([(s, l) for s, l, c in pts if c], self.max_points)
-            dropped = [(s, l) for s, l, c in pts if not c][-200:]
-            if committed:
-                xs, ys = zip(*committed)
-                ax.plot(xs, ys, lw=1.4, color=colour, label=f"group {replica}", alpha=0.9)
-            else:
-                ax.plot([], [], lw=1.0, color=colour, label=f"group {replica}")
-            if dropped:
-                xs, ys = zip(*dropped)
-                ax.scatter(xs, ys, s=12, facecolors="none", edgecolors=colour, linewidths=0.8)
-        glob = _downsample(data.global_loss, self.max_points)
-        if glob:
-            xs, ys = zip(*glob)
-            ax.plot(xs, ys, lw=1.6, ls="--", color=GLOBAL_COLOUR, label="committed (global)", alpha=0.8)
-        self._markers(data)
+        self.canvas = FigureCanvasAgg(self.fig)
+        # Fixed margins: tight_layout would cost more than drawing the plot itself.
+        self.fig.subplots_adjust(left=0.09, right=0.98, top=0.9, bottom=0.16)
+        ax = self.ax = self.fig.add_subplot()
         ax.set_xlabel("step")
         ax.set_ylabel("loss")
         ax.grid(True, alpha=0.3)
-        if series or glob:
-            ax.legend(loc="upper right", fontsize=8, ncol=2, framealpha=0.8)
-        ax.set_title(f"loss: {data.point_count} points, global step "
-                     f"{'-' if data.global_step is None else data.global_step}", fontsize=10)
-        self.fig.tight_layout()
-        buf = io.BytesIO()
-        self.fig.savefig(buf, format="png", dpi=dpi or self.fig.dpi, pil_kwargs={"compress_level": 1})
-        self.last_render_s = time.thread_time() - t0
-        return buf.getvalue()
+        self.heading = self.fig.text(0.5, 0.955, "", ha="center", va="center", fontsize=10)
+        self.max_points = max_points_per_line
+        self.last_render_s = 0.0
+        self._lines: dict[int, Any] = {}
+        self._dropped: dict[int, Any] = {}
+        (self._global,) = ax.plot([], [], lw=1.6, ls="--", color=GLOBAL_COLOUR, alpha=0.8,
+                                  label="committed (global)", zorder=4)
+        self._marks = {k: ax.scatter([], [], zorder=5, edgecolors="white", linewidths=0.8, **st)
+                       for k, st in self.MARKER_STYLE.items()}
+        self._vlines = {k: LineCollection([], colors=st["color"], linewidths=0.7, alpha=0.6,
+                                          linestyles="--" if k == "heal" else ":",
+                                          transform=ax.get_xaxis_transform())
+                        for k, st in self.MARKER_STYLE.items()}
+        for lc in self._vlines.values():
+            ax.add_collection(lc, autolim=False)
+        self._legend_key: tuple = ()
 
-    def _markers(self, data: PlotData) -> None:
+    def _replica_artists(self, replica: int) -> tuple[Any, Any]:
+        if replica not in self._lines:
+            colour = REPLICA_COLOURS[replica % len(REPLICA_COLOURS)]
+            (self._lines[replica],) = self.ax.plot([], [], lw=1.4, color=colour, alpha=0.9, label=f"group {replica}")
+            self._dropped[replica] = self.ax.scatter([], [], s=12, facecolors="none", edgecolors=colour,
+                                                     linewidths=0.8)
+        return self._lines[replica], self._dropped[replica]
+
+    def render(self, data: PlotData, *, dpi: int | None = None, legend: bool = True) -> bytes:
+        """Draw and encode as PNG. The live view passes ``legend=False`` and shows the legend as
+        HTML (``plot_legend_html``): drawing legend text is half the cost of a frame."""
+        import numpy as np
+
+        t0 = time.thread_time()
         ax = self.ax
+        series = data.series
+        for replica, pts in series.items():
+            line, dropped = self._replica_artists(replica)
+            committed = _with_gaps(_downsample([(s, l) for s, l, c in pts if c], self.max_points))
+            line.set_data(*(zip(*committed) if committed else ([], [])))
+            lost = [(s, l) for s, l, c in pts if not c][-200:]
+            dropped.set_offsets(np.array(lost, dtype=float).reshape(-1, 2))
+        glob = _downsample(data.global_loss, self.max_points)
+        self._global.set_data(*(zip(*glob) if glob else ([], [])))
+        self._update_markers(data)
+        shown = tuple(sorted(series)) + tuple(k for k in self.MARKER_STYLE
+                                                  if any(m.kind == k for m in data.markers))
+        if not legend:
+            shown = ()
+        if shown != self._legend_key:
+            self._legend_key = shown
+            if ax.get_legend() is not None:
+                ax.get_legend().remove()
+            if shown:
+                handles = [self._lines[r] for r in sorted(series)] + [self._global] + \
+                    [self._marks[k] for k in self.MARKER_STYLE if k in shown]
+                ax.legend(handles=handles, loc="upper right", fontsize=8, ncol=2, framealpha=0.8)
+        ax.relim()
+        ax.autoscale_view()
+        self.heading.set_text(f"loss: {data.point_count} points, global step "
+                              f"{'-' if data.global_step is None else data.global_step}")
+        png = self._png(dpi)
+        self.last_render_s = time.thread_time() - t0
+        return png
+
+    def _update_markers(self, data: PlotData) -> None:
+        import numpy as np
+
         series = data.series
         glob = dict(data.global_loss)
 
-        def y_at(replica: int, step: int | None) -> float | None:
-            if step is None:
-                return None
-            best = None
-            for s, l, _c in series.get(replica, []):
-                if s <= step:
-                    best = l
-            if best is None:
-                best = glob.get(step)
-            return best
+        def y_at(replica: int, step: int, after: bool) -> float | None:
+            """The group's loss at its last point up to ``step`` (a fault) or its first point
+            from ``step`` on (a heal: the group has no points while it was down)."""
+            pts = series.get(replica, [])
+            if after:
+                best = next((l for s, l, _c in pts if s >= step), None)
+            else:
+                best = next((l for s, l, _c in reversed(pts) if s <= step), None)
+            return glob.get(step) if best is None else best
 
-        done = {"fault": False, "failure": False, "heal": False}
-        style = {"fault": dict(marker="X", color="#d32f2f", s=90, label="fault injected"),
-                 "failure": dict(marker="v", color="#d32f2f", s=70, label="failure"),
-                 "heal": dict(marker="^", color="#1565c0", s=80, label="healed")}
-        for m in data.markers:
-            if m.step is None:
-                continue
-            y = y_at(m.replica, m.step)
-            kw = dict(style[m.kind])
-            if done[m.kind]:
-                kw.pop("label")
-            done[m.kind] = True
-            ax.axvline(m.step, color=kw["color"], lw=0.7, ls=":" if m.kind != "heal" else "--", alpha=0.6)
-            if y is not None:
-                ax.scatter([m.step], [y], zorder=5, edgecolors="white", linewidths=0.8, **kw)
-                ax.annotate(f"{m.replica}", (m.step, y), textcoords="offset points", xytext=(4, 4),
-                            fontsize=7, color=kw["color"])
+        for kind in self.MARKER_STYLE:
+            marks = [m for m in data.markers if m.kind == kind and m.step is not None]
+            pts = [(m.step, y) for m in marks if (y := y_at(m.replica, m.step, kind == "heal")) is not None]
+            self._marks[kind].set_offsets(np.array(pts, dtype=float).reshape(-1, 2))
+            self._vlines[kind].set_segments([[(m.step, 0.0), (m.step, 1.0)] for m in marks])
+
+    def _png(self, dpi: int | None) -> bytes:
+        from PIL import Image
+
+        buf = io.BytesIO()
+        if dpi is not None and dpi != self.fig.dpi:
+            self.fig.savefig(buf, format="png", dpi=dpi)
+            return buf.getvalue()
+        self.canvas.draw()  # one draw; savefig would draw twice
+        w, h = self.canvas.get_width_height()
+        Image.frombuffer("RGBA", (w, h), self.canvas.buffer_rgba(), "raw", "RGBA", 0, 1) \
+            .convert("RGB").save(buf, format="png", compress_level=1)
+        return buf.getvalue()
+
+
+def plot_legend_html(data: PlotData) -> str:
+    """The plot's legend as HTML (the live view draws none in the image; see LossPlot.render)."""
+    items = []
+    for replica in sorted(data.series):
+        colour = REPLICA_COLOURS[replica % len(REPLICA_COLOURS)]
+        items.append(f"<span style='color:{colour};font-weight:bold'>&#x2501; group {replica}</span>")
+    items.append(f"<span style='color:{GLOBAL_COLOUR}'>&#x2504; committed (global)</span>")
+    kinds = {m.kind for m in data.markers}
+    glyphs = {"fault": ("&#x2716;", "fault injected"), "failure": ("&#x25bc;", "failure"),
+              "heal": ("&#x25b2;", "healed")}
+    for kind, (glyph, label) in glyphs.items():
+        if kind in kinds:
+            colour = LossPlot.MARKER_STYLE[kind]["color"]
+            items.append(f"<span style='color:{colour}'>{glyph} {label}</span>")
+    return (f"<span class='mnb-plot-caption' data-points='{data.point_count}' data-markers='{len(data.markers)}' "
+            f"style='font-size:11px;color:#555'>{' &nbsp; '.join(items)} &nbsp; "
+            f"({data.point_count} points, {len(data.markers)} markers)</span>")
 
 
 def png_data_url(png: bytes) -> str:
