@@ -95,6 +95,10 @@ def _hash_tensor(h: Any, t: Any) -> None:
         h.update(t.view(torch.uint8).numpy().tobytes() if t.dim() else t.reshape(1).view(torch.uint8).numpy().tobytes())
 
 
+class CommsBroken(RuntimeError):
+    """This group cannot talk to its peers any more; it must be replaced."""
+
+
 class _QuorumRecorder:
     """Stands in for the Manager's ``ManagerClient`` to remember the last quorum result
     (membership, heal source); every call goes through to the real client."""
@@ -162,6 +166,7 @@ class ReplicaTrainer:
         self._build_optim()
         self._build_data(data_dir)
         self._healed_info: dict[str, Any] | None = None
+        self._comms_dead = False
         self._last_quorum_id: int | None = None
         self.manager = self._build_manager(lighthouse, host)
         self.quorum_recorder = _QuorumRecorder(self.manager._client)
@@ -215,6 +220,13 @@ class ReplicaTrainer:
                                   seq_len=int(self.cfg.get("seq_len", 64)), mixed_precision_param="float32")
         parallelize_llama(model, parallel_dims=dims, training=training, parallelism=parallelism,
                           compile_config=CompileConfig(), ac_config=None, dump_folder="")
+        if self.platform.backend == "gloo":
+            # gloo rejects ReduceOp.PREMUL_SUM, FSDP's default gradient reduce-scatter op.
+            from torch.distributed.fsdp import FSDPModule
+
+            for module in model.modules():
+                if isinstance(module, FSDPModule):
+                    module.set_force_sum_reduction_for_comms(True)
         return dims
 
     def _build_optim(self) -> None:
@@ -388,6 +400,8 @@ class ReplicaTrainer:
 
         t0 = time.time()
         self.manager.start_quorum()
+        if self._last_quorum_id is not None and getattr(self.ft_pg, "_pg", True) is None:
+            raise CommsBroken("the cross-replica process group is down and the new quorum did not rebuild it")
         q = self.quorum_recorder.last
         participants = self.manager.num_participants()
         if q is not None and q.quorum_id != self._last_quorum_id:
@@ -422,6 +436,12 @@ class ReplicaTrainer:
         grads = [_local(p.grad) for p in self.model.parameters() if p.grad is not None]
         flat = torch.cat([g.reshape(-1) for g in grads])
         self.manager.allreduce(flat).wait()
+        if self.manager.errored() is not None:
+            # A peer failed mid-collective. Drop our connections now: other survivors still
+            # blocked on us then fail at once and come to the next quorum, instead of
+            # waiting out the timeout while the Lighthouse (which needs at least half the
+            # healthy replicas to join) cannot form a quorum without them.
+            self._abort_pg()
         offset = 0
         for g in grads:
             g.copy_(flat[offset:offset + g.numel()].view_as(g))
@@ -440,12 +460,19 @@ class ReplicaTrainer:
         return rec
 
     def comms_broken(self) -> bool:
-        """True once the cross-replica process group was aborted under us (it will not be
-        reconfigured while the quorum is unchanged, so this group cannot make progress)."""
-        return getattr(self.ft_pg, "_pg", object()) is None and self._last_quorum_id is not None
+        """True once our cross-replica communicator was declared dead (the ``comms`` fault)."""
+        return self._comms_dead
 
     def abort_comms(self) -> None:
-        self.ft_pg.abort()
+        """The ``comms`` fault: this group's cross-replica communicator dies for good."""
+        self._comms_dead = True
+        self._abort_pg()
+
+    def _abort_pg(self) -> None:
+        try:
+            self.ft_pg.abort()
+        except Exception:
+            pass
 
     def shutdown(self) -> None:
         try:

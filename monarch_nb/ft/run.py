@@ -84,6 +84,7 @@ class ReplicaGroup:
     procs: list[tuple[int, str]] = field(default_factory=list)  # (pid, host) of each rank
     failure: tuple[str, int | None, float] | None = None  # (reason, rank, t) signalled by supervision
     wake: threading.Event = field(default_factory=threading.Event)
+    heal_parts: dict[int, dict[str, Any]] = field(default_factory=dict)
 
     @property
     def name(self) -> str:
@@ -224,6 +225,7 @@ class FTRun:
             g.procs = [(p.pid, p.host) for p in handle.procs if p.pid]
             self.spawned_pids.extend(pid for pid, _ in g.procs)
             g.failure = None
+            g.heal_parts = {}
             g.last_answer = time.monotonic()
 
     def _wait_ready(self, g: ReplicaGroup, deadline: float) -> None:
@@ -308,6 +310,12 @@ class FTRun:
             return g.failure
         dead = self._dead_local_rank(g)
         if dead is not None:
+            # Give Monarch supervision a moment to say how it died (signal, exit code).
+            deadline = time.monotonic() + 2.0
+            while g.failure is None and time.monotonic() < deadline and not self._stopping.is_set():
+                time.sleep(0.05)
+            if g.failure is not None:
+                return (g.failure[0], g.failure[1], min(dead[2], g.failure[2]))
             return dead
         timeout = max(0.5, min(2.0, self.config.hang_timeout_s / 2))
         result = self._session.deadline(g.actors, timeout).poll.gather()
@@ -363,10 +371,19 @@ class FTRun:
             if new:
                 self._emit(Quorum(t=t, quorum_id=qid, participants=list(ev.get("participants") or []),
                                   replica=g.index))
-        elif kind == "healed" and rank == 0:
-            g.healed = True
-            self._emit(Healed(t=t, replica=g.index, step=int(ev["step"]), bytes=int(ev["bytes"]),
-                              seconds=float(ev["seconds"]), source_replica=ev.get("source_replica")))
+        elif kind == "healed":
+            # Every rank of the group heals its own shard; record the group once, with the total.
+            with self._lock:
+                g.heal_parts[rank] = ev
+                done = len(g.heal_parts) >= self.config.group_size
+                parts, g.heal_parts = (dict(g.heal_parts), {}) if done else ({}, g.heal_parts)
+            if done:
+                first = parts[min(parts)]
+                g.healed = True
+                self._emit(Healed(t=max(float(p["t"]) for p in parts.values()), replica=g.index,
+                                  step=int(first["step"]), bytes=sum(int(p["bytes"]) for p in parts.values()),
+                                  seconds=max(float(p["seconds"]) for p in parts.values()),
+                                  source_replica=first.get("source_replica")))
         elif kind == "hashes":
             self._record_hashes(g.index, rank, ev)
 

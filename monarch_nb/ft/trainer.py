@@ -119,6 +119,11 @@ class TrainerActor(Actor):
         except BaseException as e:  # noqa: BLE001 - anything here ends the group's training
             if self._stop.is_set():
                 return
+            from .engine import CommsBroken
+
+            if isinstance(e, CommsBroken):
+                self._fail(f"comms: {e}")
+                return
             tb = traceback.format_exc(limit=6)
             self._emit({"kind": "trainer_error", "replica": self.replica, "rank": self.rank,
                         "error": f"{type(e).__name__}: {e}", "traceback": tb, "t": time.time()})
