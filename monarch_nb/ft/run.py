@@ -92,7 +92,25 @@ class ReplicaGroup:
 
 
 class FTRun:
-    """A fault-tolerant run. ``FTRun(RunConfig(...)).start()``; see the module docstring."""
+    """A fault-tolerant run; see the module docstring.
+
+    Example::
+
+        run = FTRun(RunConfig(replicas=3, group_size=1)).start()   # Lighthouse + 3 groups
+        run.wait_for_step(10)
+        run.inject("kill", replica=1)                  # also: rank=, at_step=N, after_s=S
+        run.schedule(every=30, kinds=["kill", "exception", "comms"], seed=0)
+        run.check_identical()                          # -> ReplicasIdentical event
+        run.history().recoveries()                     # per-failure figures
+        run.stop()                                     # no process left behind
+        open_run(run.run_dir)                          # later, from events.jsonl alone
+
+    Placement: ``job="local"`` (default) runs every group on this host; ``job="process"``
+    gives each group its own Monarch ``ProcessJob`` host. For SLURM or Kubernetes pass
+    ``host_mesh_for=lambda r: <HostMesh for group r>`` (e.g. slices of
+    ``monarch.job.SlurmJob(...).state().hosts``) and set ``advertise_host`` to an address
+    the other hosts can reach; the Lighthouse then binds all interfaces.
+    """
 
     def __init__(self, config: RunConfig | None = None, *, session: Any = None,
                  host_mesh_for: Callable[[int], Any] | None = None, **overrides: Any) -> None:
@@ -203,6 +221,9 @@ class FTRun:
 
                 self._job = ProcessJob({"hosts": self.config.replicas})
                 self._hosts = self._job.state(cached_path=None).hosts
+                # The job's host processes are ours too (checked for orphans after stop).
+                self.spawned_pids.extend(int(getattr(st, "pid", 0)) for st in
+                                         getattr(self._job, "_host_to_pid", {}).values() if getattr(st, "pid", 0))
             return self._hosts.slice(hosts=index)
         if self.config.job in ("slurm", "kubernetes"):
             raise ValueError(f"job: {self.config.job!r} needs host_mesh_for=lambda r: <that job's host mesh>; "
@@ -339,11 +360,13 @@ class FTRun:
         return None
 
     def _ingest(self, g: ReplicaGroup, result: Any) -> None:
-        for rank, value in sorted(result.values.items()):
-            for ev in value.get("events", ()):
-                self._ingest_event(g, rank, ev)
-            if rank == 0:
-                g.step = max(g.step, int(value.get("step", 0)))
+        # All ranks' events in time order: a rank's "healed" precedes rank 0's next "step".
+        merged = sorted(((float(ev.get("t", 0.0)), rank, i, ev) for rank, value in result.values.items()
+                         for i, ev in enumerate(value.get("events", ()))), key=lambda x: x[:3])
+        for _, rank, _, ev in merged:
+            self._ingest_event(g, rank, ev)
+        if 0 in result.values:
+            g.step = max(g.step, int(result.values[0].get("step", 0)))
 
     def _ingest_event(self, g: ReplicaGroup, rank: int, ev: dict[str, Any]) -> None:
         kind = ev.get("kind")
@@ -352,7 +375,9 @@ class FTRun:
             self._emit(Step(t=t, replica=g.index, step=int(ev["step"]), loss=float(ev["loss"]),
                             tokens_per_s=float(ev["tokens_per_s"]), committed=bool(ev["committed"]),
                             quorum_id=ev.get("quorum_id"), participants=ev.get("participants")))
-            if ev["committed"] and g.healed and g.awaiting_heal:
+            if ev["committed"] and g.awaiting_heal:
+                # Normally after a "healed"; with no live peer to heal from (every group was
+                # down) the first committed step is the rejoin all the same.
                 g.awaiting_heal = False
                 g.healed = False
                 since = (t - g.failed_at) if g.failed_at else None
@@ -360,9 +385,6 @@ class FTRun:
                 self._set_state(g, "training")
                 if self.config.check_identical:
                     threading.Thread(target=self._request_identical, name="ft-hash-check", daemon=True).start()
-            elif ev["committed"] and g.awaiting_heal and not g.healed and g.state == "healing":
-                # Nothing to heal from (e.g. every group was down): the first commit is the rejoin.
-                pass
         elif kind == "quorum" and rank == 0:
             qid = int(ev["quorum_id"])
             with self._lock:

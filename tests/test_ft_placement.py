@@ -1,0 +1,54 @@
+"""Replica groups on separate Monarch "hosts" (ProcessJob), each sharded with FSDP over two
+processes: a crash of one rank takes its group down and back up, the group heals every
+shard from its peer, and shard-by-shard hashes agree afterwards."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from monarch_nb.ft import FTRun, RunConfig
+from monarch_nb.telemetry.events import Healed, Rejoined, ReplicasIdentical, Respawned, Step
+from proc_checks import assert_gone
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def sharded_run(tmp_path_factory):
+    run = FTRun(RunConfig(replicas=2, group_size=2, job="process", runs_root=str(tmp_path_factory.mktemp("ft_hosts"))))
+    try:
+        run.start()
+        run.wait_for_step(3, timeout=240)
+        since = time.time()
+        run.inject("exit", replica=1, rank=1)
+        rejoined = run.wait_for(lambda e: isinstance(e, Rejoined) and e.replica == 1, timeout=240, since=since)
+        identical = run.wait_for(lambda e: isinstance(e, ReplicasIdentical) and e.t >= rejoined.t, timeout=120)
+    finally:
+        run.stop()
+    return run, since, rejoined, identical
+
+
+def test_groups_run_on_separate_hosts(sharded_run):
+    run = sharded_run[0]
+    assert run._job is not None, "job='process' must place groups through a Monarch ProcessJob"
+    steps = [e for e in run.events.events(Step) if e.committed and e.participants == 2]
+    assert {e.replica for e in steps} == {0, 1}, "both groups must have trained together"
+
+
+def test_crash_of_one_rank_respawns_the_group_and_heals_every_shard(sharded_run):
+    run, since, rejoined, identical = sharded_run
+    (respawned,) = [e for e in run.events.events(Respawned) if e.t >= since]
+    (healed,) = [e for e in run.events.events(Healed) if e.t >= since]
+    assert respawned.replica == healed.replica == 1 and healed.source_replica == 0
+    assert healed.bytes > 1_000_000
+    assert identical.identical, identical.hashes
+    assert set(identical.hashes) == {"replica0/rank0", "replica0/rank1", "replica1/rank0", "replica1/rank1"}
+    # FSDP: each rank holds a different shard, so ranks differ while replicas agree.
+    assert identical.hashes["replica0/rank0"] != identical.hashes["replica0/rank1"]
+
+
+def test_no_orphans_after_stop(sharded_run):
+    run = sharded_run[0]
+    assert_gone(run.spawned_pids + [run.lighthouse_pid], timeout=15)
