@@ -269,7 +269,7 @@ def test_close_stops_updates():
     before = d.health.value
     store.append(FailureDetected(replica=0, rank=0, reason="late"))
     assert d.health.value == before and d.closed
-    assert not d._thread.is_alive()
+    assert d._thread is None or not d._thread.is_alive()
 
 
 def test_controls_call_the_run_off_the_message_loop():
@@ -307,6 +307,8 @@ def test_a_finished_run_redraws_from_its_event_log(tmp_path):
     live.close()
     d = Dashboard.open(path.parent)
     try:
+        d._thread is None or d._thread.join(timeout=5)
+        assert d._thread is None  # a finished run holds no flusher thread
         assert "data-state='stopped'" in d.health.value and "data-state='failed'" not in d.health.value
         assert "data-status='recovered'" in d.timeline.value
         assert "data-markers='2'" in d.plot_caption.value
@@ -384,3 +386,17 @@ def test_plot_breaks_a_groups_line_while_it_was_down_and_puts_markers_on_its_cur
     (heal,) = plot._marks["heal"].get_offsets().tolist()
     assert fault == pytest.approx([10, 3.0 - 0.9 + 0.01])  # last point of group 1 before the kill
     assert heal == pytest.approx([12, 1.01])  # first point of group 1 after it healed
+
+
+def test_plot_data_stays_small_for_a_long_run_and_keeps_the_gap():
+    m = DashboardModel()
+    m.apply(RunStarted(t=T0, run_id="r", config={"replicas": 1}))
+    for s in list(range(0, 50_000)) + list(range(50_100, 100_000)):
+        m.apply(Step(t=T0, replica=0, step=s, loss=1.0, tokens_per_s=1.0, committed=True))
+    data = m.plot_data(limit=500)
+    line = data.committed[0]
+    assert len(line) <= 505 and len(data.global_loss) <= 501
+    xs = [x for x, _ in line]
+    gap = next(i for i, x in enumerate(xs) if x != x)
+    assert xs[gap - 1] == 49_999 and xs[gap + 1] == 50_100  # the line stops and restarts exactly there
+    assert xs[-1] == 99_999 and data.point_count == 99_900

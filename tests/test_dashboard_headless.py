@@ -8,6 +8,7 @@ its widget state, and its outputs an image of the loss curves and HTML tables.
 from __future__ import annotations
 
 import base64
+import os
 import json
 from pathlib import Path
 
@@ -80,3 +81,24 @@ def test_outputs_hold_a_static_fallback_readable_without_a_kernel(executed):
     html = "".join("".join(o["data"]["text/html"]) for o in outputs if "text/html" in o.get("data", {}))
     assert "<table class='mnb-health-table'" in html and "data-state='stopped'" in html
     assert "data-status='recovered'" in html and "kill" in html
+
+
+@pytest.mark.slow
+def test_dashboard_notebook_with_a_real_run_executes_headless_to_a_readable_artifact(monkeypatch):
+    """notebooks/03_dashboard.ipynb, headless=True: a real FTRun, a kill, recovery, stop."""
+    from monarch_nb.execute import execute_notebook
+
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
+    out = REPO / "test-artifacts" / "03_dashboard.executed.ipynb"
+    out.parent.mkdir(exist_ok=True)
+    execute_notebook(REPO / "notebooks" / "03_dashboard.ipynb", params={"replicas": 2, "headless": True},
+                     output=out, timeout=600)
+    nb = json.loads(out.read_text())
+    health = [v for v in _html_values(nb) if "class='mnb-health'" in v][-1]
+    assert "data-state='stopped'" in health and health.count("mnb-cell ") == 2
+    timeline = [v for v in _html_values(nb) if "mnb-recoveries" in v][-1]
+    assert "data-replica='1' data-status='recovered'" in timeline
+    outputs = nb["cells"][-1]["outputs"]
+    assert any("image/png" in o.get("data", {}) for o in outputs)
+    html = "".join("".join(o["data"]["text/html"]) for o in outputs if "text/html" in o.get("data", {}))
+    assert "data-status='recovered'" in html and "mnb-health-table" in html

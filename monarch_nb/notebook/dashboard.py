@@ -119,6 +119,7 @@ class Dashboard:
         self._next_ok: dict[str, float] = {p: 0.0 for p in PANELS}
         self._next_tick = 0.0
         self._closed = False
+        self._thread: threading.Thread | None = None
 
         self._build_widgets()
 
@@ -134,8 +135,8 @@ class Dashboard:
             self._deferred.clear()
         self.flush()  # the widgets hold the full history before they are displayed
 
-        self._thread = threading.Thread(target=self._flusher, name="monarch_nb-dashboard", daemon=True)
-        self._thread.start()
+        with self._lock:
+            self._ensure_flusher()
 
     @classmethod
     def open(cls, path: str | Path, **kwargs: Any) -> "Dashboard":
@@ -148,8 +149,8 @@ class Dashboard:
         import ipywidgets as w
 
         self.header = w.HTML(layout=w.Layout(width="100%"))
-        self.health = w.HTML(layout=w.Layout(width="100%"))
-        self.quorum = w.HTML(layout=w.Layout(width="100%"))
+        self.health = w.HTML(layout=w.Layout(width="auto"))
+        self.quorum = w.HTML(layout=w.Layout(width="auto"))
         self.plot = w.Image(format="png", layout=w.Layout(width="600px", max_width="100%"))
         self.plot_caption = w.HTML()
         self.timeline = w.HTML(layout=w.Layout(width="100%"))
@@ -181,8 +182,9 @@ class Dashboard:
                           f"border-bottom:1px solid #ccc'>{title}</div>")
 
         left = w.VBox([section("health (replica group x rank)"), self.health, self.quorum],
-                      layout=w.Layout(min_width="300px", margin="0 12px 0 0"))
-        right = w.VBox([section("loss"), self.plot, self.plot_caption], layout=w.Layout(min_width="300px"))
+                      layout=w.Layout(flex="0 0 auto", margin="0 16px 0 0"))
+        right = w.VBox([section("loss"), self.plot, self.plot_caption],
+                       layout=w.Layout(flex="1 1 360px", min_width="300px"))
         self.widget = w.VBox([
             self.header, self.controls_box,
             w.HBox([left, right], layout=w.Layout(flex_flow="row wrap", align_items="flex-start")),
@@ -205,10 +207,22 @@ class Dashboard:
                 return
             self.stats.events += 1
             changed = self.model.apply(event)
-            if changed:
-                self._dirty |= changed
-                self._wake.notify()
-        self.stats.observer_cpu_s += time.thread_time() - t0
+            new = changed - self._dirty
+            if new:
+                self._dirty |= new
+                # Wake the flusher only for a panel that was clean: for one already dirty it
+                # already sleeps until that panel is due (a burst costs one wake-up, not one each).
+                if self._replay_thread is None:  # the constructor draws the replayed history itself
+                    self._ensure_flusher()
+                    self._wake.notify()
+            self.stats.observer_cpu_s += time.thread_time() - t0
+
+    def _ensure_flusher(self) -> None:
+        """Under the lock: start the flusher thread unless it runs (it exits once a stopped run
+        is fully drawn, so finished and reopened runs hold no thread)."""
+        if self._thread is None and not self._closed:
+            self._thread = threading.Thread(target=self._flusher, name="monarch_nb-dashboard", daemon=True)
+            self._thread.start()
 
     # ---- flushing ---------------------------------------------------------------------
 
@@ -223,35 +237,44 @@ class Dashboard:
         cap = self.max_plot_interval_s if panel == PLOT else max(base, 2.0)
         return max(base, min(self._cost[panel] / share, cap))
 
+    @property
+    def _ticking(self) -> bool:
+        """Heartbeat ages and elapsed time move on their own only for a live, attached run."""
+        return self.controls is not None and self.model.live and self.heartbeat_interval_s > 0
+
     def _take_due(self, now: float) -> tuple[set[str], float | None]:
         """Under the lock: the dirty panels whose interval has passed, and seconds to wait."""
-        if self.model.live and self.heartbeat_interval_s > 0 and now >= self._next_tick:
-            self._dirty |= {HEALTH, HEADER}  # heartbeat ages and elapsed time move on their own
+        if self._ticking and now >= self._next_tick:
+            self._dirty |= {HEALTH, HEADER}
             self._next_tick = now + self.heartbeat_interval_s
         due = {p for p in self._dirty if now >= self._next_ok[p]}
         self._dirty -= due
         waits = [self._next_ok[p] - now for p in self._dirty]
-        if self.model.live and self.heartbeat_interval_s > 0:
+        if self._ticking:
             waits.append(self._next_tick - now)
         return due, (max(0.0, min(waits)) if waits else None)
 
     def _flusher(self) -> None:
-        cpu0 = time.thread_time()
+        cpu0, base = time.thread_time(), self.stats.flusher_cpu_s
         while True:
             with self._lock:
                 while True:
                     if self._closed:
-                        self.stats.flusher_cpu_s = time.thread_time() - cpu0
+                        self.stats.flusher_cpu_s = base + time.thread_time() - cpu0
                         return
                     due, wait = self._take_due(time.monotonic())
                     if due:
                         break
+                    if wait is None and self.model.stopped_t is not None:
+                        self._thread = None  # all drawn and nothing will move: a new event restarts us
+                        self.stats.flusher_cpu_s = base + time.thread_time() - cpu0
+                        return
                     self._wake.wait(wait)
             try:
                 self._render(due)
             except Exception as exc:  # a rendering bug must not kill live updates
                 self._report_error(exc)
-            self.stats.flusher_cpu_s = time.thread_time() - cpu0
+            self.stats.flusher_cpu_s = base + time.thread_time() - cpu0
 
     def _report_error(self, exc: BaseException) -> None:
         try:
@@ -363,8 +386,9 @@ class Dashboard:
         with self._lock:
             self._closed = True
             self._wake.notify_all()
-        if self._thread is not threading.current_thread():
-            self._thread.join(timeout=10)
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=10)
 
     @property
     def closed(self) -> bool:

@@ -13,6 +13,7 @@ on every rank of the group; the rank that actually died is named in the failed c
 
 from __future__ import annotations
 
+import bisect
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Iterable
@@ -238,9 +239,14 @@ class Recovery:
 
 @dataclass(frozen=True)
 class PlotData:
-    """A copy of what the loss plot needs, taken under the lock so drawing can happen outside it."""
+    """What the loss plot needs, taken under the lock so drawing happens outside it.
 
-    series: dict[int, list[tuple[int, float, bool]]]
+    Lines are sampled to at most a few hundred points each (more than the image has pixels
+    is wasted work); a ``(nan, nan)`` point breaks a group's line where it was down.
+    """
+
+    committed: dict[int, list[tuple[float, float]]]  # per group, committed steps
+    dropped: dict[int, list[tuple[int, float]]]  # per group, recent steps that did not commit
     global_loss: list[tuple[int, float]]
     markers: list[Marker]
     point_count: int
@@ -277,9 +283,14 @@ class DashboardModel:
         self.steps_attempted = 0
         self.steps_committed = 0
         self.global_step: int | None = None
-        # loss[replica] = list of (step, loss, committed)
+        # loss[replica] = every (step, loss, committed) the group reported
         self.loss: dict[int, list[tuple[int, float, bool]]] = {}
+        # committed[replica] = committed (step, loss); gaps[replica] = indexes where steps are missing
+        self.committed: dict[int, list[tuple[int, float]]] = {}
+        self.gaps: dict[int, list[int]] = {}
+        self.dropped: dict[int, deque[tuple[int, float]]] = {}
         self._global_sum: dict[int, list[float]] = {}  # step -> [sum, count] over committed
+        self._global_steps: list[int] = []  # the keys of _global_sum, in order
         self.markers: list[Marker] = []
         self.recoveries: list[Recovery] = []
         self.identical: tuple[int, bool] | None = None
@@ -373,6 +384,8 @@ class DashboardModel:
         rec = self._replica(e.replica, e.t)
         rec.steps_attempted += 1
         self.steps_attempted += 1
+        if not e.committed:
+            self.dropped.setdefault(e.replica, deque(maxlen=200)).append((e.step, e.loss))
         rec.last_step = e.step
         rec.last_loss = e.loss
         rec.tokens_per_s = e.tokens_per_s
@@ -385,7 +398,17 @@ class DashboardModel:
                 rec.last_committed_step = e.step
             if self.global_step is None or e.step > self.global_step:
                 self.global_step = e.step
-            acc = self._global_sum.setdefault(e.step, [0.0, 0])
+            pts = self.committed.setdefault(e.replica, [])
+            if pts and e.step > pts[-1][0] + 1:
+                self.gaps.setdefault(e.replica, []).append(len(pts))
+            pts.append((e.step, e.loss))
+            acc = self._global_sum.get(e.step)
+            if acc is None:
+                acc = self._global_sum[e.step] = [0.0, 0]
+                if self._global_steps and e.step < self._global_steps[-1]:
+                    bisect.insort(self._global_steps, e.step)
+                else:
+                    self._global_steps.append(e.step)
             acc[0] += e.loss
             acc[1] += 1
             # A committed step proves the group is training again (covers runs that do not
@@ -588,19 +611,56 @@ class DashboardModel:
     def loss_series(self) -> dict[int, list[tuple[int, float, bool]]]:
         return {r: list(pts) for r, pts in sorted(self.loss.items())}
 
-    def global_loss(self) -> list[tuple[int, float]]:
+    def global_loss(self, limit: int | None = None) -> list[tuple[int, float]]:
         """Committed global loss: per step, the mean loss of the groups that committed it."""
-        return [(s, acc[0] / acc[1]) for s, acc in sorted(self._global_sum.items())]
+        steps = _sample(self._global_steps, limit) if limit else self._global_steps
+        return [(s, self._global_sum[s][0] / self._global_sum[s][1]) for s in steps]
 
     def point_count(self) -> int:
         return sum(len(v) for v in self.loss.values())
 
-    def plot_data(self) -> PlotData:
-        return PlotData(self.loss_series(), self.global_loss(), list(self.markers), self.point_count(),
+    def plot_data(self, limit: int = 600) -> PlotData:
+        """A sampled copy for the plot: O(limit) per group whatever the run's length."""
+        committed = {r: _sample_with_gaps(self.committed.get(r, []), self.gaps.get(r, []), limit)
+                     for r in sorted(self.loss)}
+        dropped = {r: list(self.dropped.get(r, ())) for r in sorted(self.loss)}
+        return PlotData(committed, dropped, self.global_loss(limit), list(self.markers), self.point_count(),
                         self.global_step)
 
     def event_log(self, last: int = 20) -> list[LogLine]:
         return list(self.log)[-last:]
+
+
+def _sample(items: list, limit: int | None) -> list:
+    """At most about ``limit`` evenly spaced items, always keeping the last."""
+    n = len(items)
+    if limit is None or n <= limit:
+        return list(items)
+    stride = -(-n // limit)
+    out = items[::stride]
+    if (n - 1) % stride:
+        out.append(items[-1])
+    return out
+
+
+def _sample_with_gaps(points: list[tuple[int, float]], gaps: list[int], limit: int) -> list[tuple[float, float]]:
+    """Sample ``points`` and put a (nan, nan) break before each index in ``gaps``, keeping the
+    points on both sides of every gap so the line ends and restarts where the data does."""
+    n = len(points)
+    if n == 0:
+        return []
+    stride = max(1, -(-n // limit))
+    keep = set(range(0, n, stride)) | {n - 1}
+    for g in gaps:
+        keep.update((g - 1, g))
+    gap_set = set(gaps)
+    nan = float("nan")
+    out: list[tuple[float, float]] = []
+    for i in sorted(keep):
+        if i in gap_set and out:
+            out.append((nan, nan))
+        out.append(points[i])
+    return out
 
 
 def _fmt_bytes(n: int | None) -> str:

@@ -59,7 +59,8 @@ def header_html(model: DashboardModel, now: float) -> str:
     elif model.live:
         status, colour = "running", "#2e7d32"
     else:
-        status, colour = f"stopped ({model.stop_reason})", "#616161"
+        reason = f" ({model.stop_reason})" if model.stop_reason and model.stop_reason != "stopped" else ""
+        status, colour = f"stopped{reason}", "#616161"
     elapsed = ""
     if model.started_t is not None:
         end = model.stopped_t if model.stopped_t is not None else now
@@ -100,8 +101,10 @@ def legend_html() -> str:
         if state == "unknown":
             continue
         items.append(f"<span style='background:{st.background};color:{st.foreground};padding:0 4px;"
-                     f"border-radius:3px;margin-right:4px'>{_e(st.glyph)} {_e(st.label)}</span>")
-    return f"<div class='mnb-legend' style='font-size:11px;margin-top:3px'>{''.join(items)}</div>"
+                     f"border-radius:3px;margin-right:4px;white-space:nowrap'>{_e(st.glyph)} {_e(st.label)}</span>")
+    # width:0 + min-width:100%: as wide as the grid above, never widening it; wraps inside.
+    return (f"<div class='mnb-legend' style='width:0;min-width:100%;font-size:11px;white-space:normal;"
+            f"line-height:1.7;margin-top:3px'>{' '.join(items)}</div>")
 
 
 def health_html(cells: list[HealthCell]) -> str:
@@ -109,7 +112,7 @@ def health_html(cells: list[HealthCell]) -> str:
         return "<div class='mnb-health' data-cells='0'><i>no processes yet</i></div>"
     columns = max(c.rank for c in cells) + 1
     body = "".join(_cell_html(c) for c in cells)
-    return (f"<div class='mnb-health' data-cells='{len(cells)}'>"
+    return (f"<div class='mnb-health' data-cells='{len(cells)}' style='display:inline-block;min-width:250px'>"
             f"<div style='display:grid;grid-template-columns:repeat({columns},max-content);gap:4px'>{body}</div>"
             f"{legend_html()}</div>")
 
@@ -191,11 +194,12 @@ def recoveries_html(recoveries: list[Recovery], t0: float | None, *, bars: bool 
             % (len(recoveries), bar_head, "".join(rows)))
 
 
-def events_html(lines: Iterable[LogLine], t0: float | None) -> str:
+def events_html(lines: Iterable[LogLine], t0: float | None, *, scroll: bool = True) -> str:
     items = "".join(f"<li class='mnb-event' data-kind='{_e(line.kind)}'><code>{_clock(line.t, t0)}</code> "
                     f"{_e(line.text)}</li>" for line in lines)
+    box = "max-height:160px;overflow:auto" if scroll else ""
     return (f"<ul class='mnb-events' style='font-family:sans-serif;font-size:12px;margin:2px 0;"
-            f"padding-left:18px;max-height:160px;overflow:auto'>{items or '<li><i>no events</i></li>'}</ul>")
+            f"padding-left:18px;{box}'>{items or '<li><i>no events</i></li>'}</ul>")
 
 
 def timeline_html(model: DashboardModel, last_events: int = 12) -> str:
@@ -206,27 +210,6 @@ def timeline_html(model: DashboardModel, last_events: int = 12) -> str:
 
 
 # ---- loss plot --------------------------------------------------------------------------
-
-
-def _with_gaps(points: list, max_gap: int = 1) -> list:
-    """Break a line where steps are missing (the group was down) instead of bridging the gap."""
-    out: list = []
-    prev = None
-    for s, l in points:
-        if prev is not None and s - prev > max_gap:
-            out.append((float("nan"), float("nan")))
-        out.append((s, l))
-        prev = s
-    return out
-
-
-def _downsample(points: list, limit: int) -> list:
-    if len(points) <= limit:
-        return points
-    stride = len(points) / limit
-    out = [points[int(i * stride)] for i in range(limit)]
-    out[-1] = points[-1]
-    return out
 
 
 class LossPlot:
@@ -241,8 +224,7 @@ class LossPlot:
                     "failure": dict(marker="v", color="#d32f2f", s=70, label="failure"),
                     "heal": dict(marker="^", color="#1565c0", s=80, label="healed")}
 
-    def __init__(self, *, width_in: float = 7.5, height_in: float = 3.0, dpi: int = 80,
-                 max_points_per_line: int = 1500) -> None:
+    def __init__(self, *, width_in: float = 7.5, height_in: float = 3.0, dpi: int = 80) -> None:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.collections import LineCollection
         from matplotlib.figure import Figure
@@ -256,7 +238,6 @@ class LossPlot:
         ax.set_ylabel("loss")
         ax.grid(True, alpha=0.3)
         self.heading = self.fig.text(0.5, 0.955, "", ha="center", va="center", fontsize=10)
-        self.max_points = max_points_per_line
         self.last_render_s = 0.0
         self._lines: dict[int, Any] = {}
         self._dropped: dict[int, Any] = {}
@@ -287,14 +268,12 @@ class LossPlot:
 
         t0 = time.thread_time()
         ax = self.ax
-        series = data.series
-        for replica, pts in series.items():
+        series = data.committed
+        for replica, committed in series.items():
             line, dropped = self._replica_artists(replica)
-            committed = _with_gaps(_downsample([(s, l) for s, l, c in pts if c], self.max_points))
             line.set_data(*(zip(*committed) if committed else ([], [])))
-            lost = [(s, l) for s, l, c in pts if not c][-200:]
-            dropped.set_offsets(np.array(lost, dtype=float).reshape(-1, 2))
-        glob = _downsample(data.global_loss, self.max_points)
+            dropped.set_offsets(np.array(data.dropped.get(replica, []), dtype=float).reshape(-1, 2))
+        glob = data.global_loss
         self._global.set_data(*(zip(*glob) if glob else ([], [])))
         self._update_markers(data)
         shown = tuple(sorted(series)) + tuple(k for k in self.MARKER_STYLE
@@ -320,7 +299,7 @@ class LossPlot:
     def _update_markers(self, data: PlotData) -> None:
         import numpy as np
 
-        series = data.series
+        series = data.committed
         glob = dict(data.global_loss)
 
         def y_at(replica: int, step: int, after: bool) -> float | None:
@@ -328,9 +307,9 @@ class LossPlot:
             from ``step`` on (a heal: the group has no points while it was down)."""
             pts = series.get(replica, [])
             if after:
-                best = next((l for s, l, _c in pts if s >= step), None)
+                best = next((l for s, l in pts if s >= step), None)
             else:
-                best = next((l for s, l, _c in reversed(pts) if s <= step), None)
+                best = next((l for s, l in reversed(pts) if s <= step), None)
             return glob.get(step) if best is None else best
 
         for kind in self.MARKER_STYLE:
@@ -356,7 +335,7 @@ class LossPlot:
 def plot_legend_html(data: PlotData) -> str:
     """The plot's legend as HTML (the live view draws none in the image; see LossPlot.render)."""
     items = []
-    for replica in sorted(data.series):
+    for replica in sorted(data.committed):
         colour = REPLICA_COLOURS[replica % len(REPLICA_COLOURS)]
         items.append(f"<span style='color:{colour};font-weight:bold'>&#x2501; group {replica}</span>")
     items.append(f"<span style='color:{GLOBAL_COLOUR}'>&#x2504; committed (global)</span>")
@@ -389,7 +368,7 @@ def static_html(model: DashboardModel, png: bytes | None, now: float) -> str:
             + img
             + "<h4 style='margin:4px 0'>health</h4>" + health_table_html(cells)
             + "<h4 style='margin:4px 0'>recoveries</h4>" + recoveries_html(model.recoveries, model.started_t, bars=False)
-            + "<h4 style='margin:4px 0'>events</h4>" + events_html(model.event_log(50), model.started_t)
+            + "<h4 style='margin:4px 0'>events</h4>" + events_html(model.event_log(100), model.started_t, scroll=False)
             + "</div>")
 
 

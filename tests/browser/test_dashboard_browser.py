@@ -54,6 +54,16 @@ def _follow_a_kill(notebook, name: str, artifact: str, timeout_s: float, params:
     assert len(kernels) == 1, kernels
     cpu0, wall0 = sum(kernels[0].cpu_times()[:2]), time.monotonic()
 
+    # A picture of the group while it is down (respawning/healing last seconds; 'failed' is
+    # drawn for at least one frame, which the recorder below checks). Best effort only.
+    down = (f".mnb-cell[data-replica='{VICTIM}']:is([data-state='failed'],[data-state='respawning'],"
+            f"[data-state='healing'])")
+    try:
+        nb.page.wait_for_selector(down, timeout=timeout_s * 1000)
+        nb.page.locator(".mnb-dashboard").screenshot(path=str(ARTIFACTS / f"{artifact}-down.png"))
+    except Exception:
+        pass
+
     handle = nb.page.wait_for_function(FAILED_THEN_HEALTHY, arg=VICTIM, timeout=timeout_s * 1000)
     seen = handle.json_value()
     # Let the plot take at least one more frame with no cell running, then measure.
