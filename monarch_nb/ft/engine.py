@@ -26,9 +26,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import socket
 import sys
-import threading
 import time
 import types
 from datetime import timedelta
