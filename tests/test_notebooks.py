@@ -14,6 +14,7 @@ ARTIFACTS = REPO / "test-artifacts"
 # Smaller settings for CI's 2-core machine; each notebook declares them in its parameters cell.
 CI_PARAMS: dict[str, list[str]] = {
     "01_single_controller.ipynb": ["-p", "procs=3"],
+    "02_fault_tolerant_training.ipynb": ["-p", "replicas=3", "-p", "warmup_steps=2"],
 }
 
 
