@@ -206,7 +206,7 @@ def timeline_html(model: DashboardModel, last_events: int = 12) -> str:
     t0 = model.started_t
     return (recoveries_html(model.recoveries, t0)
             + "<div style='font-size:12px;margin-top:4px'><b>events</b></div>"
-            + events_html(reversed(model.event_log(last_events)), t0))
+            + events_html(sorted(model.event_log(last_events), key=lambda line: line.t, reverse=True), t0))
 
 
 # ---- loss plot --------------------------------------------------------------------------
@@ -368,7 +368,7 @@ def static_html(model: DashboardModel, png: bytes | None, now: float) -> str:
             + img
             + "<h4 style='margin:4px 0'>health</h4>" + health_table_html(cells)
             + "<h4 style='margin:4px 0'>recoveries</h4>" + recoveries_html(model.recoveries, model.started_t, bars=False)
-            + "<h4 style='margin:4px 0'>events</h4>" + events_html(model.event_log(100), model.started_t, scroll=False)
+            + "<h4 style='margin:4px 0'>events</h4>" + events_html(sorted(model.event_log(100), key=lambda line: line.t), model.started_t, scroll=False)
             + "</div>")
 
 
