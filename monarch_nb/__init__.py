@@ -26,6 +26,19 @@ def unload_ipython_extension(ipython):  # noqa: ANN001
     unload(ipython)
 
 
+def __getattr__(name):  # noqa: ANN001
+    # Lazy: the dashboard pulls in ipywidgets and matplotlib, which plain scripts may not need.
+    if name == "Dashboard":
+        from .notebook.dashboard import Dashboard
+
+        return Dashboard
+    if name in ("FTRun", "RunConfig", "RestartPolicy", "FaultKind", "FaultSchedule"):
+        from . import ft
+
+        return getattr(ft, name)
+    raise AttributeError(f"module 'monarch_nb' has no attribute {name!r}")
+
+
 def open_run(path):  # noqa: ANN001
     """Reopen a finished or interrupted run from its directory (or events.jsonl)."""
     from .ft.run import open_run as _open_run
@@ -34,7 +47,7 @@ def open_run(path):  # noqa: ANN001
 
 
 __all__ = [
-    "CallTimeout", "DeadlineMesh", "EventStore", "MeshHandle", "MeshResult", "MonarchNbError",
+    "CallTimeout", "Dashboard", "DeadlineMesh", "FTRun", "FaultKind", "FaultSchedule", "RestartPolicy", "RunConfig", "EventStore", "MeshHandle", "MeshResult", "MonarchNbError",
     "ProcInfo", "RemoteError", "Session", "SliceError", "UnknownMeshError", "current_session",
     "load_ipython_extension", "open_run", "unload_ipython_extension",
 ]

@@ -676,7 +676,13 @@ class FTRun:
         self.stop()
 
     def dashboard(self) -> Any:
+        """The run's live dashboard; one per run, so calling this again never doubles the UI cost."""
         from ..notebook.dashboard import Dashboard
+
+        existing = getattr(self, "_dashboard", None)
+        if existing is None or existing.closed:
+            self._dashboard = Dashboard(self.events, controls=self)
+        return self._dashboard
 
         return Dashboard(self.events, controls=self)
 
