@@ -15,6 +15,7 @@ ARTIFACTS = REPO / "test-artifacts"
 CI_PARAMS: dict[str, list[str]] = {
     "01_single_controller.ipynb": ["-p", "procs=3"],
     "02_fault_tolerant_training.ipynb": ["-p", "replicas=3", "-p", "warmup_steps=2"],
+    "03_dashboard.ipynb": ["-p", "replicas=2", "-p", "headless=True"],
 }
 
 
