@@ -60,6 +60,12 @@ class FailureNotices:
             self._running = False
 
 
+def watch_session(session: Any) -> None:
+    """Route a session's failures to notebook notices (also for a session made mid-cell)."""
+    if _notices is not None:
+        _notices.watch(session)
+
+
 def _show(event: Any) -> None:
     text = f"monarch: mesh {event.mesh!r} rank {event.rank} failed: {event.reason}"
     display({"text/plain": text, "text/html": failure_html(event.mesh, event.rank, event.reason)}, raw=True)

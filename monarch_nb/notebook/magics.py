@@ -78,7 +78,10 @@ class MonarchMagics(Magics):
     @property
     def session(self) -> Session:
         if self._session is None or self._session._closed:
+            from .extension import watch_session
+
             self._session = current_session()
+            watch_session(self._session)
         return self._session
 
     @line_cell_magic
