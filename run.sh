@@ -59,7 +59,7 @@ case "$cmd" in
     setup_python
     log "JupyterLab on http://127.0.0.1:${PORT:-8888} (kernel: Monarch)"
     exec "$VENV/bin/jupyter" lab --ip=127.0.0.1 --port="${PORT:-8888}" --no-browser \
-      --ServerApp.root_dir="$ROOT/notebooks" $( [ "$(id -u)" = 0 ] && echo --allow-root ) "$@" ;;
+      --ServerApp.root_dir="$ROOT/notebooks" --MultiKernelManager.default_kernel_name=monarch $( [ "$(id -u)" = 0 ] && echo --allow-root ) "$@" ;;
   demo)
     setup_python
     out="$ROOT/runs/02_fault_tolerant_training.out.ipynb"
