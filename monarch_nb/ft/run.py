@@ -684,8 +684,6 @@ class FTRun:
             self._dashboard = Dashboard(self.events, controls=self)
         return self._dashboard
 
-        return Dashboard(self.events, controls=self)
-
     def __repr__(self) -> str:
         states = ", ".join(f"{g.name}={g.state}@{g.step}" for g in self.groups)
         return f"FTRun({self.run_id}: {states})"
