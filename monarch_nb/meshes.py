@@ -110,7 +110,7 @@ class MeshHandle:
         local = socket.gethostname()
         dead = []
         for proc in self.procs:
-            if proc.state == ALIVE and proc.pid and proc.host == local and not _pid_alive(proc.pid):
+            if proc.state == ALIVE and proc.pid and proc.host == local and not pid_alive(proc.pid):
                 if self.mark_failed(proc.rank, reason):
                     dead.append(proc.rank)
         return dead
@@ -126,7 +126,8 @@ class MeshHandle:
         return f"<MeshHandle {self.name!r} ({dims}) {self.state}{failed}>"
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """True while ``pid`` runs on this host (a zombie counts as gone)."""
     try:
         proc = psutil.Process(pid)
         return proc.status() != psutil.STATUS_ZOMBIE

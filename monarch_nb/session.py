@@ -38,9 +38,9 @@ _AGENT_PREFIX = "_nb_agent_"
 _sessions: "list[weakref.ref[Session]]" = []
 
 
-def runs_root() -> Path:
-    """Where run and session logs go: ``$MONARCH_NB_RUNS`` or ``./runs``."""
-    return Path(os.environ.get("MONARCH_NB_RUNS", "runs")).resolve()
+def runs_root(override: str | Path | None = None) -> Path:
+    """Where run and session logs go: ``override``, else ``$MONARCH_NB_RUNS``, else ``./runs``."""
+    return Path(override or os.environ.get("MONARCH_NB_RUNS") or "runs").resolve()
 
 
 def _apply_env(env: dict[str, str]) -> None:

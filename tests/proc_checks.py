@@ -4,18 +4,11 @@ from __future__ import annotations
 
 import time
 
-import psutil
+from monarch_nb.meshes import pid_alive
 
 
 def alive(pids: list[int]) -> list[int]:
-    out = []
-    for pid in pids:
-        try:
-            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
-                out.append(pid)
-        except psutil.NoSuchProcess:
-            pass
-    return out
+    return [pid for pid in pids if pid_alive(pid)]
 
 
 def assert_gone(pids: list[int], timeout: float = 10.0) -> None:

@@ -22,7 +22,6 @@ from __future__ import annotations
 import atexit
 import json
 import logging
-import os
 import socket
 import threading
 import time
@@ -31,6 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from ..meshes import pid_alive
+from ..session import runs_root
 from ..telemetry import EventStore
 from ..telemetry.events import (
     Event,
@@ -56,10 +57,6 @@ log = logging.getLogger(__name__)
 
 # Environment for worker processes: loopback gloo, quiet Rust logs from torchft.
 _WORKER_ENV = {"GLOO_SOCKET_IFNAME": "lo", "RUST_LOG": "warn", "OMP_NUM_THREADS": "1"}
-
-
-def runs_root(override: str | None = None) -> Path:
-    return Path(override or os.environ.get("MONARCH_NB_RUNS") or "runs").resolve()
 
 
 def _free_port(host: str = "127.0.0.1") -> int:
@@ -298,17 +295,9 @@ class FTRun:
     def _dead_local_rank(self, g: ReplicaGroup) -> tuple[str, int | None, float] | None:
         """A pid check for ranks on this host: Monarch supervision usually reports a dead
         process first (with its exit status), but not always; this never misses one."""
-        import psutil
-
         here = socket.gethostname()
         for rank, (pid, host) in enumerate(g.procs):
-            if host != here:
-                continue
-            try:
-                gone = psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-            except psutil.NoSuchProcess:
-                gone = True
-            if gone:
+            if host == here and not pid_alive(pid):
                 return (f"process {pid} of rank {rank} is gone (found by pid check)", rank, time.time())
         return None
 
