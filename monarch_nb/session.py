@@ -206,8 +206,12 @@ class Session:
             self.spawn(spec.name, spec.cls, *spec.args, mesh=name, **spec.kwargs)
         return new
 
-    def down(self, name: str | None = None, timeout: float = 10.0) -> None:
-        """Stop one mesh, or every mesh with no name. Idempotent; quick even for dead meshes."""
+    def down(self, name: str | None = None, timeout: float = 10.0, *, kill: bool = False) -> None:
+        """Stop one mesh, or every mesh with no name. Idempotent; quick even for dead meshes.
+
+        ``kill=True`` SIGKILLs the mesh's local processes first: a hung process (GIL held)
+        cannot answer Monarch's polite stop, which would wait out ``timeout`` on it.
+        """
         with self._lock:
             names = [name] if name is not None else list(self.meshes)
             if name is not None and name not in self.meshes:
@@ -219,11 +223,15 @@ class Session:
                     continue
                 for actor in handle.actors:
                     self._actor_owner.pop(actor, None)
-            self._stop(handle, timeout)
+            self._stop(handle, timeout, kill)
             self.events.append(MeshDown(mesh=mesh_name))
 
-    def _stop(self, handle: MeshHandle, timeout: float) -> None:
+    def _stop(self, handle: MeshHandle, timeout: float, kill: bool = False) -> None:
         handle.stopped = True
+        local = socket.gethostname()
+        local_pids = [p.pid for p in handle.procs if p.pid and p.host == local]
+        if kill:
+            _ensure_gone(local_pids, timeout=0)
         try:
             handle.proc_mesh.stop().get(timeout=timeout)
         except Exception as exc:  # a damaged mesh may fail to stop cleanly; the pids are checked below
@@ -233,8 +241,7 @@ class Session:
                 handle.job.kill()
             except Exception as exc:
                 log.debug("killing job of %s: %s", handle.name, exc)
-        local = socket.gethostname()
-        _ensure_gone([p.pid for p in handle.procs if p.pid and p.host == local], timeout)
+        _ensure_gone(local_pids, timeout)
         for proc in handle.procs:
             if proc.state == ALIVE:
                 proc.state = "stopped"

@@ -32,6 +32,13 @@ class Worker(Actor):
         return current_rank().rank
 
     @endpoint
+    def hold_gil_on(self, rank: int, seconds: float) -> None:
+        if current_rank().rank == rank:
+            from monarch_nb.ft.faults import hold_gil
+
+            hold_gil(seconds)
+
+    @endpoint
     def fail_on(self, bad_rank: int) -> str:
         if current_rank().rank == bad_rank:
             raise ValueError(f"rank {bad_rank} refuses")
@@ -126,6 +133,19 @@ def test_replace_starts_a_fresh_mesh_and_respawns_its_actors(session):
     assert_gone(old_pids)
     workers = session.actors("workers")
     assert sorted(session.deadline(workers, 20).rank_plus.call(0).values.values()) == [100, 101]
+
+
+def test_down_with_kill_does_not_wait_on_a_hung_worker(session):
+    mesh = session.up("main", procs=2)
+    workers = session.spawn("workers", Worker)
+    pids = [p.pid for p in mesh.procs]
+    workers.hold_gil_on.broadcast(1, 60.0)  # rank 1's interpreter is frozen for a minute
+    with pytest.raises(CallTimeout):  # rank 1 really is hung
+        session.deadline(workers, 2).pid.call()
+    started = time.monotonic()
+    session.down("main", kill=True)
+    assert_gone(pids, timeout=5)
+    assert time.monotonic() - started < 6.0
 
 
 def test_multi_host_mesh_through_process_job(session):

@@ -301,19 +301,6 @@ class FTRun:
                 return (f"process {pid} of rank {rank} is gone (found by pid check)", rank, time.time())
         return None
 
-    def _kill_local(self, g: ReplicaGroup) -> None:
-        """SIGKILL what is left of a failed group on this host, so that a hung process (GIL
-        held: it cannot answer a polite stop) releases its peers at once."""
-        import psutil
-
-        here = socket.gethostname()
-        for pid, host in g.procs:
-            if host == here:
-                try:
-                    psutil.Process(pid).kill()
-                except psutil.Error:
-                    pass
-
     def _check(self, g: ReplicaGroup) -> tuple[str, int | None, float] | None:
         """Poll the group once; return (reason, rank, detected_t) if it has failed."""
         if g.failure is not None:
@@ -427,10 +414,11 @@ class FTRun:
         self._emit(FailureDetected(t=detected_t, replica=g.index, rank=rank, reason=reason,
                                    detection_s=(detected_t - fired) if fired else None))
         self._set_state(g, "failed", reason[:200])
-        self._kill_local(g)
         while not self._stopping.is_set() and not getattr(self._session, "_closed", False):
             try:
-                self._session.down(g.name)
+                # kill=True: a hung process (GIL held) would release its peers only after
+                # Monarch's polite stop timed out on it.
+                self._session.down(g.name, kill=True)
             except Exception:
                 pass
             attempt = g.attempts + 1
