@@ -30,7 +30,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 
 SETUP_SYNTHETIC = """
-from monarch_nb.notebook.dashboard_replay import SyntheticRun
+from monarch_nb.notebook.synthetic_run import SyntheticRun
 run = SyntheticRun(replicas={replicas}, group_size={group_size}, step_hz={step_hz}, phase_s={phase_s})
 run.start()
 def _inject(i):

@@ -4,12 +4,12 @@ Starts one ``FTRun`` (R replica groups of the tiny Llama 3, CPU + gloo by defaul
 each fault kind in turn into a rotating victim, waits until the victim has rejoined and the
 replicas were checked identical, and reports from the run's event log alone:
 
-  detection   fault fired (worker's own clock) -> controller recorded the failure
+  phases      detect, teardown, acquire, build, heal, rejoin: back to back, each from the
+              previous one's end, adding up to ``total`` = fault -> the victim's first
+              committed step (monarch_nb.ft.recovery defines them)
   stall       longest gap between a survivor's committed steps around the failure,
               in units of its median step time before the fault (and in seconds)
-  respawn     respawn started -> new trainer actors constructed (imports + model build)
-  heal        bytes and seconds of the peer-to-peer state transfer, and the source group
-  rejoin      first committed step after the heal, and fault -> that step in seconds
+  heal        bytes of the peer-to-peer state transfer, and the source group
 
 Usage: python bench/bench_recovery.py [--kinds kill,exception,...] [--repeat N] [--json out.json]
 """
@@ -26,21 +26,21 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from monarch_nb.ft import FaultKind, FTRun, RunConfig  # noqa: E402
+from monarch_nb.ft.recovery import PHASES  # noqa: E402
 from monarch_nb.telemetry.events import Rejoined, ReplicasIdentical  # noqa: E402
 
-COLUMNS = [
-    ("fault", "{}"), ("victim", "{}"), ("detect_s", "{:.2f}"), ("stall_steps", "{:.1f}"), ("stall_s", "{:.2f}"),
-    ("respawn_s", "{:.1f}"), ("heal_s", "{:.3f}"), ("heal_MB", "{:.1f}"), ("source", "{}"), ("rejoin_step", "{}"),
-    ("down_s", "{:.1f}"), ("survivor_commits", "{}"), ("identical", "{}"),
+COLUMNS = [("fault", "{}"), ("victim", "{}")] + [(f"{p}_s", "{:.2f}") for p in PHASES] + [
+    ("total_s", "{:.2f}"), ("stall_steps", "{:.1f}"), ("stall_s", "{:.2f}"), ("heal_MB", "{:.1f}"), ("source", "{}"),
+    ("rejoin_step", "{}"), ("survivor_commits", "{}"), ("identical", "{}"),
 ]
 
 
 def _row(rec) -> dict:
     return {
-        "fault": rec.fault, "victim": rec.replica, "detect_s": rec.detection_s, "stall_steps": rec.survivor_stall_steps,
-        "stall_s": rec.survivor_stall_s, "respawn_s": rec.respawn_s, "heal_s": rec.heal_s,
+        "fault": rec.fault, "victim": rec.replica, **{f"{p}_s": d for p, d in rec.durations().items()},
+        "total_s": rec.total_s, "stall_steps": rec.survivor_stall_steps, "stall_s": rec.survivor_stall_s,
         "heal_MB": rec.heal_bytes / 1e6 if rec.heal_bytes else None, "source": rec.heal_source,
-        "rejoin_step": rec.rejoined_step, "down_s": rec.down_s, "survivor_commits": rec.survivor_commits_while_down,
+        "rejoin_step": rec.rejoined_step, "survivor_commits": rec.survivor_commits_while_down,
         "identical": rec.identical, "reason": rec.reason,
     }
 

@@ -7,11 +7,22 @@ events kept in memory and in ``events.jsonl``. ``%load_ext monarch_nb`` adds ``%
 """
 
 from . import _runtime  # noqa: F401  (sets Monarch's environment before it is imported)
+from . import views
 from .calls import MeshResult
 from .errors import CallTimeout, MonarchNbError, RemoteError, SliceError, UnknownMeshError
 from .meshes import MeshHandle, ProcInfo
 from .session import DeadlineMesh, Session, current_session
 from .telemetry import EventStore
+
+
+def _dashboard(*args, **kwargs):  # noqa: ANN002, ANN003
+    # The package root wires the layers: the controller asks for views by name (see views.py).
+    from .notebook.dashboard import Dashboard
+
+    return Dashboard(*args, **kwargs)
+
+
+views.register("dashboard", _dashboard)
 
 
 def load_ipython_extension(ipython):  # noqa: ANN001

@@ -58,10 +58,8 @@ def install_fault_hook() -> None:
     with _lock:
         if _installed:
             return
+        # Monarch looks the hook up on ``monarch.actor`` each time a fault is unhandled.
         monarch.actor.unhandled_fault_hook = _dispatch
-        import monarch._src.actor.supervision as supervision
-
-        supervision.unhandled_fault_hook = _dispatch
         _installed = True
 
 

@@ -89,7 +89,3 @@ class ProcAgent(Actor):
             tb = "".join(traceback.format_exception(exc)[1:])
         return CellOutput(rank=rank, stdout=out.getvalue(), stderr=err.getvalue(),
                           result=result, error=error, traceback=tb)
-
-    @endpoint
-    def pull(self, name: str) -> Any:
-        return self._ns.values[name]

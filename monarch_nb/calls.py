@@ -2,8 +2,8 @@
 
 Monarch's ``call()`` gathers a whole ValueMesh and can block forever when a rank dies
 mid-collective. Here the message goes out through Monarch's own ``send`` with a ranked
-port, and replies are collected one at a time against a deadline, so the caller learns
-exactly which ranks answered, which raised, and which were silent.
+port, and replies are taken one at a time, as they arrive, against a deadline, so the
+caller learns exactly which ranks answered, which raised, and which were silent.
 """
 
 from __future__ import annotations
@@ -12,21 +12,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
-from monarch.actor import Channel, send
-from monarch._src.actor.actor_mesh import RankedPortReceiver
+from monarch.actor import send
 
+from . import seam
 from .errors import CallTimeout, RemoteError
-
-
-class _OutcomeReceiver(RankedPortReceiver):
-    """A ranked receiver that returns a rank's exception instead of raising it."""
-
-    def _process(self, msg: Any) -> tuple[int, tuple[bool, Any]]:
-        rank = getattr(msg.kind, "rank", None)
-        try:
-            return rank, (True, super(RankedPortReceiver, self)._process(msg))
-        except Exception as exc:  # the remote exception, delivered as data
-            return rank, (False, exc)
 
 
 @dataclass
@@ -53,35 +42,30 @@ class MeshResult:
     def ok(self) -> bool:
         return not self.errors and not self.missing
 
-    def _repr_html_(self) -> str:
-        from .notebook.html import mesh_result_html
 
-        return mesh_result_html(self)
-
-
-def _endpoint_name(endpoint: Any) -> str:
-    name = getattr(endpoint, "_name", None) or getattr(endpoint, "__name__", None)
-    owner = getattr(endpoint, "_actor_mesh", None)
-    mesh_name = getattr(owner, "_name_str", None) if owner is not None else None
-    return f"{mesh_name}.{name}" if mesh_name else str(name or endpoint)
-
-
-def gather(endpoint: Any, args: tuple, kwargs: dict, ranks: list[int], timeout: float) -> MeshResult:
-    """Send to every actor of ``endpoint``'s mesh and collect replies until all arrive or the deadline passes."""
-    port, receiver = Channel.open()
-    outcomes = _OutcomeReceiver(receiver._mailbox, receiver._receiver)
-    started = time.monotonic()
+def receive(endpoint: Any, args: tuple, kwargs: dict, expected: int, timeout: float) -> Iterator[tuple[int, bool, Any]]:
+    """Send to every actor of ``endpoint``'s mesh; yield ``(local rank, ok, value)`` in arrival
+    order until ``expected`` replies came or ``timeout`` seconds passed."""
+    port, outcomes = seam.open_outcome_channel()
+    deadline = time.monotonic() + timeout
     send(endpoint, args, kwargs, port=port)
-    result = MeshResult(endpoint=_endpoint_name(endpoint), ranks=list(ranks))
-    pending = set(ranks)
-    while pending:
-        left = timeout - (time.monotonic() - started)
+    for _ in range(expected):
+        left = deadline - time.monotonic()
         if left <= 0:
-            break
+            return
         try:
-            rank, (ok, value) = outcomes.recv().get(timeout=left)
+            rank, ok, value = outcomes.recv().get(timeout=left)
         except TimeoutError:
-            break
+            return
+        yield rank, ok, value
+
+
+def gather(endpoint: Any, name: str, args: tuple, kwargs: dict, ranks: list[int], timeout: float) -> MeshResult:
+    """Collect every reply of one call to ``ranks`` (slice-local) until all arrive or the deadline passes."""
+    started = time.monotonic()
+    result = MeshResult(endpoint=name, ranks=list(ranks))
+    pending = set(ranks)
+    for rank, ok, value in receive(endpoint, args, kwargs, len(pending), timeout):
         pending.discard(rank)
         (result.values if ok else result.errors)[rank] = value
     result.missing = sorted(pending)

@@ -9,7 +9,6 @@ even for a process that died while nothing was calling it.
 from __future__ import annotations
 
 import socket
-import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,7 +25,6 @@ class ProcInfo:
     host: str | None = None
     state: str = ALIVE
     reason: str = ""
-    failed_at: float | None = None
 
     @property
     def label(self) -> str:
@@ -51,13 +49,6 @@ def coords_of(rank: int, shape: dict[str, int]) -> dict[str, int]:
     return dict(reversed(list(coords.items())))
 
 
-def rank_of(coords: dict[str, int], shape: dict[str, int]) -> int:
-    rank = 0
-    for dim, size in shape.items():
-        rank = rank * size + coords.get(dim, 0)
-    return rank
-
-
 @dataclass
 class MeshHandle:
     name: str
@@ -70,7 +61,6 @@ class MeshHandle:
     actor_specs: dict[str, ActorSpec] = field(default_factory=dict)
     actor_full_names: dict[str, str] = field(default_factory=dict)
     agent: Any = None
-    started_at: float = field(default_factory=time.time)
     stopped: bool = False
 
     @property
@@ -102,7 +92,7 @@ class MeshHandle:
         proc = self.procs[rank]
         if proc.state != ALIVE:
             return False
-        proc.state, proc.reason, proc.failed_at = FAILED, reason, time.time()
+        proc.state, proc.reason = FAILED, reason
         return True
 
     def refresh(self, reason: str = "process is gone (found by pid check)") -> list[int]:
@@ -114,11 +104,6 @@ class MeshHandle:
                 if self.mark_failed(proc.rank, reason):
                     dead.append(proc.rank)
         return dead
-
-    def _repr_html_(self) -> str:
-        from .notebook.html import mesh_html
-
-        return mesh_html(self)
 
     def __repr__(self) -> str:
         dims = ", ".join(f"{k}={v}" for k, v in self.shape.items())

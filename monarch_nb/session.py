@@ -22,9 +22,9 @@ import weakref
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from . import _runtime
-from .calls import MeshResult, gather, raise_for_outcome
-from .errors import CallTimeout, MonarchNbError, UnknownMeshError
+from . import _runtime, seam
+from .calls import MeshResult, gather, raise_for_outcome, receive
+from .errors import CallTimeout, MonarchNbError, RemoteError, UnknownMeshError
 from .meshes import ALIVE, ActorSpec, MeshHandle, ProcInfo, coords_of
 from .reaper import Reaper
 from .telemetry import EventStore
@@ -49,11 +49,8 @@ def _apply_env(env: dict[str, str]) -> None:
 
 
 def _parse_failure(failure: Any) -> tuple[str, list[int], str]:
-    text = str(failure)
-    name = getattr(failure, "mesh_name", "") or ""
-    match = re.search(r"crashed_ranks=\[([0-9, ]*)\]", text)
-    ranks = [int(r) for r in match.group(1).split(",") if r.strip()] if match else []
-    reason = text.split("failed:", 1)[-1].strip()
+    """(unique actor mesh name, crashed ranks, a one-line reason) of a Monarch ``MeshFailure``."""
+    name, ranks, reason = seam.failure_details(failure)
     if "Traceback" in reason:
         # An exception escaped the actor: the traceback's "SomeError: message" line says what.
         lines = [ln.strip() for ln in reason.splitlines()]
@@ -130,8 +127,9 @@ class Session:
             from .agent import ProcAgent
 
             handle.agent = self._spawn_on(handle, _AGENT_PREFIX + name, ProcAgent, (), {})
-            ids = raise_for_outcome(gather(handle.agent.identity, (), {}, list(range(handle.size)),
-                                           timeout or self.default_timeout), timeout or self.default_timeout)
+            wait = timeout or self.default_timeout
+            ids = raise_for_outcome(gather(handle.agent.identity, f"{name}.identity", (), {},
+                                           list(range(handle.size)), wait), wait)
             for rank, ident in ids:
                 handle.procs[rank].pid, handle.procs[rank].host = ident.pid, ident.host
         except BaseException:
@@ -139,7 +137,7 @@ class Session:
             raise
         guard = [p.pid for p in handle.procs if p.pid]
         if job is not None:
-            guard += [state.pid for state in getattr(job, "_host_to_pid", {}).values()]
+            guard += seam.job_host_pids(job)
         self._reaper.guard(guard)
         self.events.append(MeshUp(mesh=name, shape=shape, seconds=time.monotonic() - started))
         return handle
@@ -185,9 +183,9 @@ class Session:
             handle.actors[name] = actors
             self._actor_owner[name] = handle.name
         try:  # Monarch's unique name ("trainer-3kEBefMLoHR") tells stale failure reports apart
-            handle.actor_full_names[name] = actors._name.get(timeout=10)
-        except Exception:
-            pass
+            handle.actor_full_names[name] = seam.actor_mesh_unique_name(actors)
+        except Exception as exc:
+            log.debug("unique name of actor mesh %s: %s", name, exc)
         return actors
 
     def replace(self, name: str, timeout: float | None = None) -> MeshHandle:
@@ -252,8 +250,13 @@ class Session:
             handles = list(self.meshes.values())
         for handle in handles:
             for rank in handle.refresh():
-                self._record_failure(handle, rank, handle.procs[rank].reason, notify_only=True)
+                self._record_failure(handle, rank, handle.procs[rank].reason)
         return handles
+
+    def snapshot(self) -> list[MeshHandle]:
+        """Every mesh as last known, without checking anything (what views draw: no side effects)."""
+        with self._lock:
+            return list(self.meshes.values())
 
     # ---- calls with deadlines ----------------------------------------------------------
 
@@ -265,9 +268,10 @@ class Session:
         """
         return DeadlineMesh(self, actors, self.default_timeout if timeout is None else timeout)
 
-    def _owner_of(self, actors: Any) -> MeshHandle | None:
+    def owner_of(self, actors: Any) -> MeshHandle | None:
+        """The mesh an actor mesh (or a slice of one) was spawned on, if this session spawned it."""
         with self._lock:
-            owner = self._actor_owner.get(getattr(actors, "_mesh_name", ""))
+            owner = self._actor_owner.get(seam.actor_mesh_name(actors))
             return self.meshes.get(owner) if owner else None
 
     # ---- failures ----------------------------------------------------------------------
@@ -304,7 +308,7 @@ class Session:
             for rank in handle.refresh(reason):
                 self._record_failure(handle, rank, reason)
 
-    def _record_failure(self, handle: MeshHandle, rank: int, reason: str, notify_only: bool = False) -> None:
+    def _record_failure(self, handle: MeshHandle, rank: int, reason: str) -> None:
         event = WorkerFailed(mesh=handle.name, rank=rank, reason=reason)
         self.events.append(event)
         with self._lock:
@@ -342,13 +346,8 @@ class Session:
     def __exit__(self, *exc: Any) -> None:
         self.shutdown()
 
-    def _repr_html_(self) -> str:
-        from .notebook.html import session_html
-
-        return session_html(self)
-
     def __repr__(self) -> str:
-        handles = self.status() if not self._closed else []
+        handles = self.snapshot()
         if not handles:
             return "<Session: no meshes are up>"
         lines = []
@@ -367,21 +366,26 @@ class DeadlineEndpoint:
     def __init__(self, view: "DeadlineMesh", name: str) -> None:
         self._view, self._name = view, name
         self._endpoint = getattr(view.actors, name)
+        self._label = f"{seam.actor_mesh_name(view.actors)}.{name}"
+
+    def _targets(self) -> tuple[list[int], set[int], MeshHandle | None]:
+        """(global ranks of the view, those known dead, the owning mesh)."""
+        ranks = seam.actor_mesh_ranks(self._view.actors)
+        owner = self._view.session.owner_of(self._view.actors)
+        failed = set(owner.failed_ranks) & set(ranks) if owner else set()
+        return ranks, failed, owner
 
     def gather(self, *args: Any, **kwargs: Any) -> MeshResult:
         """Per-rank outcome without raising: values, errors, and ranks that stayed silent."""
         view = self._view
-        ranks = list(view.actors._ndslice)
-        owner = view.session._owner_of(view.actors)
-        failed = set(owner.failed_ranks) if owner else set()
+        ranks, failed, owner = self._targets()
         local_live = [i for i, r in enumerate(ranks) if r not in failed]
-        result = gather(self._endpoint, args, kwargs, local_live, view.timeout)
+        result = gather(self._endpoint, self._label, args, kwargs, local_live, view.timeout)
         # Report in the proc mesh's global ranks, and count known-dead ranks as missing.
         result.values = {ranks[i]: v for i, v in result.values.items()}
         result.errors = {ranks[i]: e for i, e in result.errors.items()}
-        result.missing = sorted([ranks[i] for i in result.missing] + [r for r in ranks if r in failed])
+        result.missing = sorted([ranks[i] for i in result.missing] + sorted(failed))
         result.ranks = ranks
-        result.endpoint = f"{view.actors._mesh_name}.{self._name}"
         if result.missing:
             view.session.events.append(CallTimedOut(mesh=owner.name if owner else "?", endpoint=result.endpoint,
                                                     missing_ranks=result.missing, timeout_s=view.timeout))
@@ -389,12 +393,11 @@ class DeadlineEndpoint:
 
     def call(self, *args: Any, **kwargs: Any) -> MeshResult:
         result = self.gather(*args, **kwargs)
-        owner = self._view.session._owner_of(self._view.actors)
-        failed = [r for r in result.missing if owner and r in owner.failed_ranks]
-        return raise_for_outcome(result, self._view.timeout, failed)
+        _, failed, _ = self._targets()
+        return raise_for_outcome(result, self._view.timeout, sorted(failed))
 
     def call_one(self, *args: Any, **kwargs: Any) -> Any:
-        size = len(list(self._view.actors._ndslice))
+        size = len(seam.actor_mesh_ranks(self._view.actors))
         if size != 1:
             raise ValueError(f"call_one needs a mesh of exactly one actor, this slice has {size}; "
                              "slice it first, e.g. .slice(gpus=0)")
@@ -405,16 +408,24 @@ class DeadlineEndpoint:
         try:
             return self._endpoint.choose(*args, **kwargs).get(timeout=self._view.timeout)
         except TimeoutError:
-            raise CallTimeout(f"{self._view.actors._mesh_name}.{self._name} (choose)", [], self._view.timeout) from None
+            raise CallTimeout(f"{self._label} (choose)", [], self._view.timeout) from None
 
     def broadcast(self, *args: Any, **kwargs: Any) -> None:
         self._endpoint.broadcast(*args, **kwargs)
 
     def stream(self, *args: Any, **kwargs: Any) -> Iterator[Any]:
-        """Values in arrival order; raises CallTimeout at the deadline if some ranks stayed silent."""
-        result = self.call(*args, **kwargs)
-        for _, value in result:
+        """Values in arrival order; raises the first rank's exception as ``RemoteError``, and
+        ``CallTimeout`` at the deadline naming the ranks that stayed silent."""
+        ranks, failed, _ = self._targets()
+        pending = {i for i, r in enumerate(ranks) if r not in failed}
+        for rank, ok, value in receive(self._endpoint, args, kwargs, len(pending), self._view.timeout):
+            pending.discard(rank)
+            if not ok:
+                raise RemoteError(self._label, {ranks[rank]: value}, {})
             yield value
+        missing = sorted([ranks[i] for i in pending] + sorted(failed))
+        if missing:
+            raise CallTimeout(self._label, missing, self._view.timeout, failed_ranks=sorted(failed))
 
 
 class DeadlineMesh:

@@ -11,9 +11,12 @@ import time
 
 import pytest
 
+from monarch_nb.ft.groups import GROUP_STATES
 from monarch_nb.notebook.dashboard import Dashboard
-from monarch_nb.notebook.dashboard_model import STATE_STYLES, DashboardModel
+from monarch_nb.notebook.dashboard_model import DashboardModel
 from monarch_nb.notebook.dashboard_render import health_html, recoveries_html
+from monarch_nb.notebook.palette import STATE_STYLES
+from proc_checks import wait_for
 from monarch_nb.telemetry import EventStore
 from monarch_nb.telemetry.events import (
     FailureDetected,
@@ -97,11 +100,11 @@ def test_failure_turns_the_groups_cells_red_and_names_the_dead_rank():
     assert "\u2717 FAILED" in html  # glyph + word, not colour alone
 
 
-def test_every_state_has_a_distinct_colour_glyph_and_word():
-    styles = [STATE_STYLES[s] for s in ("starting", "training", "failed", "respawning", "healing", "stopped")]
-    assert len({s.background for s in styles}) == 6
-    assert len({s.glyph for s in styles}) == 6
-    assert len({s.label.lower() for s in styles}) == 6
+def test_every_group_state_has_a_distinct_colour_glyph_and_word():
+    styles = [STATE_STYLES[s] for s in GROUP_STATES]
+    assert len({s.background for s in styles}) == len(GROUP_STATES)
+    assert len({s.glyph for s in styles}) == len(GROUP_STATES)
+    assert len({s.label.lower() for s in styles}) == len(GROUP_STATES)
 
 
 def test_heal_adds_a_marker_and_the_group_is_training_again():
@@ -117,22 +120,26 @@ def test_recovery_lists_each_phase_with_its_duration():
     m = model_of(healthy_run() + kill_and_recover())
     (rec,) = m.recoveries
     assert rec.status == "recovered" and rec.fault == "kill" and rec.rank == 1
-    durations = {p.name: p.duration_s for p in rec.phases()}
-    # each phase from the previous one's end, so they add up to the total
-    assert durations == pytest.approx({"detected": 0.5, "respawned": 2.5, "healed": 0.1, "rejoined": 0.5})
-    assert sum(durations.values()) == pytest.approx(rec.total_s) and rec.total_s == pytest.approx(3.6)
-    # what the events measured themselves (the spawn alone, the transfer alone) is kept too
-    assert {p.name: p.reported_s for p in rec.phases()}["respawned"] == pytest.approx(2.4)
+    durations = rec.durations()
+    # each phase from the previous one's end, so they add up to the total; this log has no
+    # teardown or acquire events, so the build phase runs from the detection
+    assert durations["teardown"] is None and durations["acquire"] is None
+    known = {k: v for k, v in durations.items() if v is not None}
+    assert known == pytest.approx({"detect": 0.5, "build": 2.5, "heal": 0.1, "rejoin": 0.5})
+    assert sum(known.values()) == pytest.approx(rec.total_s) and rec.total_s == pytest.approx(3.6)
+    # what the events measured themselves (the transfer alone) is kept too
+    assert {p.name: p.reported_s for p in rec.phases()}["heal"] == pytest.approx(0.05)
     html = recoveries_html(m.recoveries, m.started_t)
-    assert "data-phase='respawned' data-seconds='2.500'" in html and "recovered" in html
-    assert "spawn 2.40 s" in html and "transfer 0.05 s" in html
+    assert "data-phase='build' data-seconds='2.500'" in html and "recovered" in html
+    assert "transfer 0.05 s" in html
 
 
 def test_recovery_in_progress_reports_the_phase_it_waits_for():
     evs = healthy_run() + kill_and_recover()
     m = model_of(evs[:-5])  # up to Respawned
     assert m.recoveries[0].status == "healing"
-    assert [p.duration_s for p in m.recoveries[0].phases()][2:] == [None, None]
+    durations = m.recoveries[0].durations()
+    assert durations["build"] == pytest.approx(2.5) and durations["heal"] is None and durations["rejoin"] is None
 
 
 def test_duplicate_failure_reports_are_one_failure():
@@ -264,12 +271,19 @@ def test_a_burst_of_events_is_throttled_per_widget():
 
 def test_close_stops_updates():
     store = store_of(healthy_run())
-    d = Dashboard(store)
-    d.close()
-    before = d.health.value
-    store.append(FailureDetected(replica=0, rank=0, reason="late"))
-    assert d.health.value == before and d.closed
-    assert d._thread is None or not d._thread.is_alive()
+    closed, open_ = Dashboard(store), Dashboard(store)
+    try:
+        closed.close()
+        before, seen = closed.health.value, closed.model.events_seen
+        store.append(FailureDetected(replica=0, rank=0, reason="late"))
+        # The same event reaches a dashboard that is still open...
+        wait_for(lambda: "data-replica='0' data-rank='0' data-state='failed'" in open_.health.value, 5,
+                 "the open dashboard to draw the failure")
+        # ...but not the closed one: its model never saw it and its widgets kept their values.
+        assert closed.model.events_seen == seen and closed.health.value == before
+        assert closed.closed and (closed._thread is None or not closed._thread.is_alive())
+    finally:
+        open_.close()
 
 
 def test_controls_call_the_run_off_the_message_loop():
@@ -280,11 +294,11 @@ def test_controls_call_the_run_off_the_message_loop():
         assert [v for _, v in d.replica_choice.options] == [0, 1, 2]
         d.fault_kind.value = "segfault"
         d.replica_choice.value = 2
-        d.inject_button.click()
+        click(d.inject_button)
         assert run.called.wait(5)
         assert run.calls == [("inject", "segfault", 2)]
         run.called.clear()
-        d.stop_button.click()
+        click(d.stop_button)
         assert run.called.wait(5) and run.calls[-1] == ("stop",)
     finally:
         d.close()
@@ -297,6 +311,24 @@ def test_controls_are_hidden_and_disabled_for_a_reopened_run():
         assert d.inject_button.disabled and d.stop_button.disabled
     finally:
         d.close()
+
+
+def test_a_disabled_button_does_nothing_even_if_its_click_event_arrives():
+    run = FakeRun()
+    d = Dashboard(store_of(healthy_run() + [RunStopped(t=T0 + 60, run_id="r")]), controls=run)
+    try:
+        assert d.inject_button.disabled and d.stop_button.disabled  # a stopped run takes no faults
+        d.inject_button.click()  # what a stale frontend could still send
+        d.stop_button.click()
+        assert not run.called.wait(0.5) and run.calls == []
+    finally:
+        d.close()
+
+
+def click(button) -> None:
+    """Click as a person can: only an enabled button (ipywidgets' click() ignores ``disabled``)."""
+    assert not button.disabled, f"button {button.description!r} is disabled"
+    button.click()
 
 
 def test_a_finished_run_redraws_from_its_event_log(tmp_path):
@@ -330,7 +362,7 @@ def test_static_fallback_has_the_plot_and_the_tables():
 
 
 def test_dashboard_follows_a_synthetic_run_through_an_injected_fault():
-    from monarch_nb.notebook.dashboard_replay import SyntheticRun
+    from monarch_nb.notebook.synthetic_run import SyntheticRun
 
     run = SyntheticRun(replicas=2, step_hz=50, phase_s=0.2)
     d = Dashboard(run.events, controls=run, max_hz=50)
@@ -348,9 +380,9 @@ def test_dashboard_follows_a_synthetic_run_through_an_injected_fault():
     try:
         run.start()
         assert run.wait_for_step(5)
-        d.inject_button.disabled = False
+        wait_for(lambda: not d.inject_button.disabled, 5, "the controls to be enabled for the live run")
         d.replica_choice.value = 1
-        d.inject_button.click()
+        click(d.inject_button)
         assert recovered.wait(10), states
         assert run.wait_for_step(run.step + 3)
     finally:

@@ -20,7 +20,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 CELLS = [
     "from monarch_nb.notebook.dashboard import Dashboard\n"
-    "from monarch_nb.notebook.dashboard_replay import SyntheticRun\n"
+    "from monarch_nb.notebook.synthetic_run import SyntheticRun\n"
     "run = SyntheticRun(replicas=3, step_hz=40, phase_s=0.3)\n"
     "dash = Dashboard(run.events, controls=run)\n"
     "dash",

@@ -21,6 +21,9 @@ def sharded_run(tmp_path_factory):
     try:
         run.start()
         run.wait_for_step(3, timeout=240)
+        host_pids = run.placement.extra_pids()
+        # Which ProcessJob host process each group's workers descend from.
+        run.hosts_of_groups = {g.index: {_host_ancestor(pid, host_pids) for pid in g.pids} for g in run.groups}
         since = time.time()
         run.inject("exit", replica=1, rank=1)
         rejoined = run.wait_for(lambda e: isinstance(e, Rejoined) and e.replica == 1, timeout=240, since=since)
@@ -30,9 +33,20 @@ def sharded_run(tmp_path_factory):
     return run, since, rejoined, identical
 
 
+def _host_ancestor(pid: int, host_pids: list[int]) -> int | None:
+    import psutil
+
+    for parent in psutil.Process(pid).parents():
+        if parent.pid in host_pids:
+            return parent.pid
+    return None
+
+
 def test_groups_run_on_separate_hosts(sharded_run):
     run = sharded_run[0]
-    assert run._job is not None, "job='process' must place groups through a Monarch ProcessJob"
+    hosts = run.hosts_of_groups
+    assert len(hosts[0]) == len(hosts[1]) == 1 and None not in hosts[0] | hosts[1], hosts
+    assert hosts[0] != hosts[1], "each group must run under its own ProcessJob host"
     steps = [e for e in run.events.events(Step) if e.committed and e.participants == 2]
     assert {e.replica for e in steps} == {0, 1}, "both groups must have trained together"
 

@@ -9,10 +9,11 @@ healed replicas are bit-identical, and records everything in ``<run_dir>/events.
 
 from .config import RunConfig
 from .faults import Fault, FaultKind, FaultSchedule
-from .history import Recovery, RunHistory
+from .history import RunHistory
 from .platform import Platform, select_platform
+from .recovery import Phase, Recovery, RecoveryTracker
 from .restart import RestartPolicy
 from .run import FTRun, open_run
 
-__all__ = ["FTRun", "Fault", "FaultKind", "FaultSchedule", "Platform", "Recovery", "RestartPolicy", "RunConfig",
-           "RunHistory", "open_run", "select_platform"]
+__all__ = ["FTRun", "Fault", "FaultKind", "FaultSchedule", "Phase", "Platform", "Recovery", "RecoveryTracker",
+           "RestartPolicy", "RunConfig", "RunHistory", "open_run", "select_platform"]

@@ -1,60 +1,57 @@
 """What happened in a run, rebuilt from its events alone.
 
 ``RunHistory`` reads an :class:`~monarch_nb.telemetry.EventStore` - live (``FTRun.history()``)
-or reopened from disk (``open_run(path)``) - and derives the figures the notebook, tests
-and benchmark report: loss per replica, and for every failure one :class:`Recovery` with
-detection latency, respawn time, heal bytes/seconds/source, the first committed step after
-healing, how long the survivors stalled, and whether replicas were bit-identical after it.
-Nothing here talks to a process; the event log is the only input.
+or reopened from disk (``open_run(path)``) - in one pass: the events are folded by the one
+:class:`~monarch_nb.ft.recovery.RecoveryTracker` (which defines a recovery and its phases),
+and every group's committed steps are collected on the way. A second, short pass over those
+steps adds what only the whole run can tell: how long the groups that stayed up stalled
+around each failure. Nothing here talks to a process; the event log is the only input.
 """
 
 from __future__ import annotations
 
 import statistics
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .. import views
 from ..telemetry import EventStore
-from ..telemetry.events import (
-    FailureDetected,
-    FaultInjected,
-    Healed,
-    Rejoined,
-    ReplicasIdentical,
-    Respawned,
-    RunStarted,
-    Step,
-)
+from ..telemetry.events import ReplicasIdentical, RunStarted, Step
+from .recovery import Recovery, RecoveryTracker
 
 
 @dataclass
-class Recovery:
-    replica: int
-    fault: str | None  # injected kind, None for a failure nobody injected
-    reason: str
-    injected_t: float | None
-    detected_t: float
-    detection_s: float | None  # fault fired -> controller knew
-    respawn_s: float | None  # respawn started -> trainer constructed
-    heal_bytes: int | None
-    heal_s: float | None
-    heal_source: int | None
-    rejoined_step: int | None
-    down_s: float | None  # failure -> first committed step after heal
-    survivor_commits_while_down: int
-    survivor_stall_s: float | None  # longest gap between a survivor's commits around the failure
-    survivor_stall_steps: float | None  # ... in units of the survivors' median step time
-    identical: bool | None  # first identity check after the rejoin
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+class _Fold:
+    recoveries: list[Recovery]
+    steps: list[Step]
+    commit_times: dict[int, list[float]] = field(default_factory=dict)
+    identity: list[ReplicasIdentical] = field(default_factory=list)
+    config: dict[str, Any] = field(default_factory=dict)
+    last_t: float | None = None
 
 
 class RunHistory:
     def __init__(self, events: EventStore, run_dir: str | Path | None = None) -> None:
         self.events = events
         self.run_dir = Path(run_dir) if run_dir is not None else None
+
+    def _fold(self) -> _Fold:
+        tracker = RecoveryTracker()
+        fold = _Fold(tracker.recoveries, [])
+        for e in self.events:
+            tracker.apply(e)
+            fold.last_t = e.t if fold.last_t is None else max(fold.last_t, e.t)
+            if isinstance(e, Step) and e.committed:
+                fold.steps.append(e)
+                fold.commit_times.setdefault(e.replica, []).append(e.t)
+            elif isinstance(e, ReplicasIdentical):
+                fold.identity.append(e)
+            elif isinstance(e, RunStarted) and not fold.config:
+                fold.config = dict(e.config)
+        for rec in fold.recoveries:
+            _survivor_figures(rec, fold)
+        return fold
 
     @property
     def config(self) -> dict[str, Any]:
@@ -72,76 +69,60 @@ class RunHistory:
         return self.events.events(ReplicasIdentical)  # type: ignore[return-value]
 
     def recoveries(self) -> list[Recovery]:
-        evs = list(self.events)
-        out = []
-        failures = [e for e in evs if isinstance(e, FailureDetected) and not e.reason.startswith("respawn failed")]
-        for f in failures:
-            nxt = min((x.t for x in failures if x.replica == f.replica and x.t > f.t), default=float("inf"))
-
-            def first(cls: type, after: float = f.t) -> Any:
-                return next((e for e in evs if isinstance(e, cls) and getattr(e, "replica", None) == f.replica
-                             and after <= e.t < nxt), None)
-
-            inj = None
-            for e in evs:
-                if isinstance(e, FaultInjected) and e.replica == f.replica and e.t <= f.t:
-                    inj = e
-            if inj is not None and any(isinstance(x, FailureDetected) and x.replica == f.replica
-                                       and inj.t <= x.t < f.t for x in failures):
-                inj = None  # that injection belongs to an earlier failure
-            resp, healed, rej = first(Respawned), first(Healed), first(Rejoined)
-            fired_t = f.t - f.detection_s if f.detection_s is not None else (inj.t if inj else f.t)
-            end_t = rej.t if rej else (max((e.t for e in evs), default=f.t))
-            survivors = sorted({e.replica for e in self.steps() if e.replica != f.replica})
-            commits = [e for e in self.steps() if e.replica != f.replica and fired_t <= e.t <= end_t]
-            stall_s, stall_steps = self._stall(survivors, fired_t, end_t)
-            ident = next((e for e in evs if isinstance(e, ReplicasIdentical) and rej is not None and e.t >= rej.t
-                          and e.step >= rej.step), None)
-            out.append(Recovery(
-                replica=f.replica, fault=inj.fault if inj else None, reason=f.reason,
-                injected_t=inj.t if inj else None, detected_t=f.t, detection_s=f.detection_s,
-                respawn_s=resp.seconds if resp else None, heal_bytes=healed.bytes if healed else None,
-                heal_s=healed.seconds if healed else None, heal_source=healed.source_replica if healed else None,
-                rejoined_step=rej.step if rej else None, down_s=(rej.t - fired_t) if rej else None,
-                survivor_commits_while_down=len(commits), survivor_stall_s=stall_s,
-                survivor_stall_steps=stall_steps, identical=ident.identical if ident else None))
-        return out
-
-    def _stall(self, survivors: list[int], t0: float, t1: float) -> tuple[float | None, float | None]:
-        worst_s, worst_steps = None, None
-        for r in survivors:
-            times = [e.t for e in self.steps(r)]
-            before = [b - a for a, b in zip(times, times[1:]) if b < t0]
-            typical = statistics.median(before[-20:]) if before else None
-            prev = max((t for t in times if t <= t0), default=None)
-            window = [t for t in times if t0 < t <= t1]
-            if prev is None or not window:
-                continue
-            pts = [prev] + window
-            gap = max(b - a for a, b in zip(pts, pts[1:]))
-            if worst_s is None or gap > worst_s:
-                worst_s = gap
-                worst_steps = gap / typical if typical else None
-        return worst_s, worst_steps
+        """One :class:`Recovery` per failure, with its phases and the survivors' figures."""
+        return self._fold().recoveries
 
     def summary(self) -> dict[str, Any]:
-        steps = self.steps()
-        first = [e.loss for e in steps[:3]]
-        last = [e.loss for e in steps[-3:]]
+        fold = self._fold()
+        first = [e.loss for e in fold.steps[:3]]
+        last = [e.loss for e in fold.steps[-3:]]
         return {
-            "committed_steps": max((e.step for e in steps), default=0),
+            "committed_steps": max((e.step for e in fold.steps), default=0),
             "loss_start": statistics.mean(first) if first else None,
             "loss_end": statistics.mean(last) if last else None,
-            "failures": len(self.recoveries()),
-            "identity_checks": [(e.step, e.identical) for e in self.identity_checks()],
+            "failures": len(fold.recoveries),
+            "identity_checks": [(e.step, e.identical) for e in fold.identity],
         }
 
     def dashboard(self) -> Any:
-        from ..notebook.dashboard import Dashboard
-
-        return Dashboard(self.events, controls=None)
+        """A read-only dashboard of this run (the same view a live run shows)."""
+        return views.build("dashboard", self.events, controls=None)
 
     def __repr__(self) -> str:
         s = self.summary()
         return (f"RunHistory({self.run_dir}: {s['committed_steps']} steps, {s['failures']} failures, "
                 f"loss {s['loss_start']} -> {s['loss_end']})")
+
+
+def _survivor_figures(rec: Recovery, fold: _Fold) -> None:
+    """How the groups that stayed up fared while ``rec``'s group was out: commits, and the
+    longest gap between two commits (also in units of that group's median step before the
+    failure). A group that was itself out at any time in the window is no survivor."""
+    t0 = rec.start_t
+    if t0 is None:
+        return
+    t1 = rec.rejoined_t if rec.rejoined_t is not None else (fold.last_t if fold.last_t is not None else t0)
+    out = {o.replica for o in fold.recoveries if o is not rec and _overlaps(o, t0, t1, fold.last_t)}
+    survivors = sorted(set(fold.commit_times) - {rec.replica} - out)
+    rec.survivor_commits_while_down = sum(1 for r in survivors for t in fold.commit_times[r] if t0 <= t <= t1)
+    for r in survivors:
+        times = fold.commit_times[r]
+        before = [b - a for a, b in zip(times, times[1:]) if b < t0]
+        typical = statistics.median(before[-20:]) if before else None
+        prev = max((t for t in times if t <= t0), default=None)
+        window = [t for t in times if t0 < t <= t1]
+        if prev is None or not window:
+            continue
+        pts = [prev] + window
+        gap = max(b - a for a, b in zip(pts, pts[1:]))
+        if rec.survivor_stall_s is None or gap > rec.survivor_stall_s:
+            rec.survivor_stall_s = gap
+            rec.survivor_stall_steps = gap / typical if typical else None
+
+
+def _overlaps(rec: Recovery, t0: float, t1: float, last_t: float | None) -> bool:
+    start = rec.start_t
+    if start is None:
+        return False
+    end = rec.rejoined_t if rec.rejoined_t is not None else (last_t if last_t is not None else start)
+    return start <= t1 and end >= t0

@@ -33,11 +33,8 @@ class Lighthouse:
     def __init__(self, settings: LighthouseSettings | None = None) -> None:
         self.settings = settings or LighthouseSettings()
         self.address: str | None = None
+        self.pid: int | None = None  # kept after stop(), to check that it is gone
         self._proc: subprocess.Popen | None = None
-
-    @property
-    def pid(self) -> int | None:
-        return self._proc.pid if self._proc else None
 
     def start(self, timeout: float = 30.0) -> "Lighthouse":
         s = self.settings
@@ -46,6 +43,7 @@ class Lighthouse:
                "--quorum-tick-ms", str(s.quorum_tick_ms), "--heartbeat-timeout-ms", str(s.heartbeat_timeout_ms)]
         self._proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                                       env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        self.pid = self._proc.pid
         assert self._proc.stdout is not None
         deadline = time.monotonic() + timeout
         line = b""
@@ -65,9 +63,6 @@ class Lighthouse:
             raise RuntimeError(f"torchft Lighthouse did not start within {timeout:g} s")
         self.address = json.loads(line)["address"]
         return self
-
-    def alive(self) -> bool:
-        return self._proc is not None and self._proc.poll() is None
 
     def stop(self, timeout: float = 5.0) -> None:
         proc, self._proc = self._proc, None

@@ -30,8 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Protocol
 
-from monarch_nb.telemetry.events import Event
-from monarch_nb.telemetry.store import EventStore
+from ..telemetry.events import Event
+from ..telemetry.store import EventStore
 
 from . import dashboard_render as render
 from .dashboard_model import (
@@ -110,7 +110,6 @@ class Dashboard:
         self.model = DashboardModel()
         self.stats = DashboardStats()
         self._plot = render.LossPlot()
-        self._last_png: bytes | None = None
 
         self._lock = threading.Lock()  # guards model, dirty set, schedule
         self._wake = threading.Condition(self._lock)
@@ -330,7 +329,6 @@ class Dashboard:
                     self._render_controls(*values[p])
                 elif p == PLOT:
                     png = self._plot.render(values[p], legend=False)
-                    self._last_png = png
                     self._set(p, self.plot, png)
                     self._set(p, self.plot_caption, render.plot_legend_html(values[p]))
                 cost[p] += time.thread_time() - c0
@@ -403,6 +401,8 @@ class Dashboard:
     # ---- controls ---------------------------------------------------------------------
 
     def _on_inject_clicked(self, _button: Any = None) -> None:
+        if self.inject_button.disabled:  # a click from a stale frontend: the run takes no faults now
+            return
         kind, replica = self.fault_kind.value, self.replica_choice.value
         if replica is None:
             self.control_status.value = "<span style='color:#d32f2f'>no replica group to inject into</span>"
@@ -410,6 +410,8 @@ class Dashboard:
         self._call_control(f"inject '{kind}' into group {replica}", "inject", kind, replica=replica)
 
     def _on_stop_clicked(self, _button: Any = None) -> None:
+        if self.stop_button.disabled:
+            return
         self._call_control("stop the run", "stop")
 
     def _call_control(self, what: str, method: str, *args: Any, **kwargs: Any) -> threading.Thread | None:

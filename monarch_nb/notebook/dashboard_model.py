@@ -18,16 +18,18 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
-from monarch_nb.telemetry.events import (
+from ..ft.faults import FaultKind
+from ..ft.recovery import Recovery, RecoveryTracker
+from ..telemetry.events import (
+    Acquired,
     CallTimedOut,
     Event,
-    MeshDown,
-    MeshUp,
-    WorkerFailed,
     FailureDetected,
     FaultInjected,
     GaveUp,
     Healed,
+    MeshDown,
+    MeshUp,
     Quorum,
     Rejoined,
     ReplicasIdentical,
@@ -36,40 +38,12 @@ from monarch_nb.telemetry.events import (
     RunStarted,
     RunStopped,
     Step,
+    TornDown,
+    WorkerFailed,
 )
+from .palette import StateStyle, style_of
 
-STATES = ("starting", "training", "failed", "respawning", "healing", "stopped")
-FAULT_KINDS = ("kill", "segfault", "exit", "exception", "comms", "hang")
-
-
-@dataclass(frozen=True)
-class StateStyle:
-    """How a state looks: a background colour, a glyph and a word (colour is never the only cue)."""
-
-    background: str
-    foreground: str
-    glyph: str
-    label: str
-
-
-# Colours chosen to be told apart at a glance (red/amber/blue/green/greys); glyph and word
-# carry the same information for colour-blind readers and for screen readers.
-STATE_STYLES: dict[str, StateStyle] = {
-    "starting": StateStyle("#b0bec5", "#102027", "\u25cc", "starting"),
-    "training": StateStyle("#2e7d32", "#ffffff", "\u2713", "training"),
-    "failed": StateStyle("#d32f2f", "#ffffff", "\u2717", "FAILED"),
-    "respawning": StateStyle("#f9a825", "#1a1a1a", "\u21bb", "respawning"),
-    "healing": StateStyle("#1565c0", "#ffffff", "\u21c4", "healing"),
-    "stopped": StateStyle("#616161", "#ffffff", "\u25a0", "stopped"),
-    # Also reported by the FT run: a group the restart policy gave up on; a group done training.
-    "gave_up": StateStyle("#7f0000", "#ffffff", "\u2620", "GAVE UP"),
-    "finished": StateStyle("#455a64", "#ffffff", "\u2691", "finished"),
-    "unknown": StateStyle("#e0e0e0", "#1a1a1a", "?", "unknown"),
-}
-
-
-def style_of(state: str) -> StateStyle:
-    return STATE_STYLES.get(state, STATE_STYLES["unknown"])
+FAULT_KINDS = tuple(k.value for k in FaultKind)
 
 
 @dataclass
@@ -145,99 +119,6 @@ class Marker:
 
 
 @dataclass(frozen=True)
-class Phase:
-    """One phase of a recovery. ``duration_s`` runs from the previous phase's end to this one's,
-    so the phases of a finished recovery add up to its total; ``reported_s`` is the duration the
-    event itself measured (the spawn alone, the state transfer alone), when it carries one."""
-
-    name: str  # detected | respawned | healed | rejoined
-    t: float | None
-    duration_s: float | None
-    reported_s: float | None = None
-
-
-@dataclass
-class Recovery:
-    """One failure of one replica group and the phases of its recovery."""
-
-    replica: int
-    fault: str | None  # injected fault kind, or None for an unplanned failure
-    rank: int | None = None
-    reason: str = ""
-    injected_t: float | None = None
-    detected_t: float | None = None
-    detection_s: float | None = None
-    respawned_t: float | None = None
-    respawn_s: float | None = None
-    attempts: int = 0
-    healed_t: float | None = None
-    heal_s: float | None = None
-    heal_bytes: int | None = None
-    heal_step: int | None = None
-    source_replica: int | None = None
-    rejoined_t: float | None = None
-    rejoin_step: int | None = None
-    since_failure_s: float | None = None
-    gave_up: bool = False
-    superseded: bool = False
-
-    @property
-    def start_t(self) -> float | None:
-        return self.injected_t if self.injected_t is not None else self.detected_t
-
-    @property
-    def finished(self) -> bool:
-        return self.rejoined_t is not None or self.gave_up or self.superseded
-
-    @property
-    def status(self) -> str:
-        if self.gave_up:
-            return "gave up"
-        if self.superseded:
-            return "failed again"
-        if self.rejoined_t is not None:
-            return "recovered"
-        if self.detected_t is None:
-            return "detecting"
-        if self.respawned_t is None:
-            return "respawning"
-        if self.healed_t is None:
-            return "healing"
-        return "rejoining"
-
-    def phases(self) -> list[Phase]:
-        """Detection is measured from the failure itself when the event says so (the fault fired
-        after the injection, at the next step); every later phase from the previous one's end."""
-
-        def gap(a: float | None, b: float | None) -> float | None:
-            return None if a is None or b is None else max(0.0, b - a)
-
-        detected = self.detection_s if self.detection_s is not None else gap(self.injected_t, self.detected_t)
-        respawned = gap(self.detected_t, self.respawned_t)
-        healed = gap(self.respawned_t, self.healed_t)
-        rejoined = gap(self.healed_t if self.healed_t is not None else self.respawned_t, self.rejoined_t)
-        return [
-            Phase("detected", self.detected_t, detected),
-            Phase("respawned", self.respawned_t, respawned if respawned is not None else self.respawn_s,
-                  self.respawn_s),
-            Phase("healed", self.healed_t, healed if healed is not None else self.heal_s, self.heal_s),
-            Phase("rejoined", self.rejoined_t, rejoined),
-        ]
-
-    @property
-    def total_s(self) -> float | None:
-        """Failure to rejoin: as the run measured it, else the sum of the phases."""
-        if self.since_failure_s is not None:
-            return self.since_failure_s
-        if self.rejoined_t is None:
-            return None
-        durations = [p.duration_s for p in self.phases()]
-        if all(d is not None for d in durations):
-            return sum(durations)  # type: ignore[arg-type]
-        return None if self.start_t is None else max(0.0, self.rejoined_t - self.start_t)
-
-
-@dataclass(frozen=True)
 class PlotData:
     """What the loss plot needs, taken under the lock so drawing happens outside it.
 
@@ -292,7 +173,8 @@ class DashboardModel:
         self._global_sum: dict[int, list[float]] = {}  # step -> [sum, count] over committed
         self._global_steps: list[int] = []  # the keys of _global_sum, in order
         self.markers: list[Marker] = []
-        self.recoveries: list[Recovery] = []
+        self.tracker = RecoveryTracker()
+        self._recovery: Recovery | None = None  # what the event being applied changed
         self.identical: tuple[int, bool] | None = None
         self.log: deque[LogLine] = deque(maxlen=log_size)
         self.events_seen = 0
@@ -309,10 +191,15 @@ class DashboardModel:
         """Fold one event in; returns the panels whose content may have changed."""
         self.events_seen += 1
         self.last_event_t = e.t if self.last_event_t is None else max(self.last_event_t, e.t)
+        self._recovery = self.tracker.apply(e)
+        changed = {TIMELINE} if self._recovery is not None else set()
         handler = getattr(self, "_on_" + type(e).__name__, None)
-        if handler is None:
-            return set()
-        return handler(e)
+        return changed | handler(e) if handler is not None else changed
+
+    @property
+    def recoveries(self) -> list[Recovery]:
+        """Every failure and its recovery, as the one recovery model defines them."""
+        return self.tracker.recoveries
 
     def _replica(self, replica: int, t: float | None = None) -> ReplicaRecord:
         rec = self.replicas.get(replica)
@@ -335,12 +222,6 @@ class DashboardModel:
 
     def _log(self, e: Event, text: str) -> None:
         self.log.append(LogLine(e.t, e.kind, text))
-
-    def _open_recovery(self, replica: int) -> Recovery | None:
-        for rec in reversed(self.recoveries):
-            if rec.replica == replica:
-                return None if rec.finished else rec
-        return None
 
     def _on_RunStarted(self, e: RunStarted) -> set[str]:
         self.run_id = e.run_id
@@ -441,51 +322,33 @@ class DashboardModel:
         rec = self._replica(e.replica)
         step = e.step if e.step is not None else rec.last_step
         self.markers.append(Marker("fault", e.replica, step, e.t, e.fault))
-        open_ = self._open_recovery(e.replica)
-        if open_ is not None and open_.detected_t is None and open_.injected_t is not None:
-            pass  # a second injection before the first was even detected: same failure
-        else:
-            if open_ is not None:
-                open_.superseded = True
-            self.recoveries.append(Recovery(e.replica, e.fault, rank=e.rank, injected_t=e.t))
         self._log(e, f"fault '{e.fault}' injected into group {e.replica} rank {e.rank}"
                      + (f" at step {step}" if step is not None else ""))
         return {PLOT, TIMELINE, HEALTH}
 
     def _on_FailureDetected(self, e: FailureDetected) -> set[str]:
         rec = self._replica(e.replica, e.t)
-        open_ = self._open_recovery(e.replica)
-        if open_ is not None and open_.detected_t is not None and open_.respawned_t is None:
-            # Monarch reports a dead process more than once; it is the same failure.
-            duplicate = True
-        else:
-            duplicate = False
-            if open_ is None or open_.detected_t is not None:
-                if open_ is not None:
-                    open_.superseded = True
-                open_ = Recovery(e.replica, None)
-                self.recoveries.append(open_)
-                self.markers.append(Marker("failure", e.replica, rec.last_step, e.t, e.reason))
-            open_.detected_t = e.t
-            open_.detection_s = e.detection_s
-            open_.rank = e.rank if e.rank is not None else open_.rank
-            open_.reason = e.reason
-        if not duplicate:
-            self._set_state(rec, "failed", e.reason)
-            rec.failed_rank = e.rank
-        if not duplicate:
-            who = f"group {e.replica}" + (f" rank {e.rank}" if e.rank is not None else "")
-            took = f" after {e.detection_s:.2f} s" if e.detection_s is not None else ""
-            self._log(e, f"failure of {who} detected{took}: {e.reason}")
+        if self._recovery is None:
+            return set()  # Monarch reports a dead process more than once; it is the same failure
+        if self._recovery.fault is None:  # nobody injected it: mark it on the curve
+            self.markers.append(Marker("failure", e.replica, rec.last_step, e.t, e.reason))
+        self._set_state(rec, "failed", e.reason)
+        rec.failed_rank = e.rank
+        who = f"group {e.replica}" + (f" rank {e.rank}" if e.rank is not None else "")
+        took = f" after {e.detection_s:.2f} s" if e.detection_s is not None else ""
+        self._log(e, f"failure of {who} detected{took}: {e.reason}")
         return {HEALTH, TIMELINE}
+
+    def _on_TornDown(self, e: TornDown) -> set[str]:
+        self._log(e, f"group {e.replica} torn down in {e.seconds:.2f} s")
+        return {TIMELINE}
+
+    def _on_Acquired(self, e: Acquired) -> set[str]:
+        self._log(e, f"group {e.replica}: processes up ({e.how}) in {e.seconds:.2f} s")
+        return {TIMELINE}
 
     def _on_Respawned(self, e: Respawned) -> set[str]:
         rec = self._replica(e.replica, e.t)
-        open_ = self._open_recovery(e.replica)
-        if open_ is not None:
-            open_.respawned_t = e.t
-            open_.respawn_s = e.seconds
-            open_.attempts = e.attempt
         if rec.state in ("failed", "respawning"):
             # The process is back; it heals (or joins) next. Explicit ReplicaState wins later.
             self._set_state(rec, "healing", f"respawned (attempt {e.attempt})")
@@ -496,25 +359,13 @@ class DashboardModel:
         self._replica(e.replica, e.t)
         self.markers.append(Marker("heal", e.replica, e.step, e.t,
                                    f"from {e.source_replica}" if e.source_replica is not None else "healed"))
-        open_ = self._open_recovery(e.replica)
-        if open_ is not None:
-            open_.healed_t = e.t
-            open_.heal_s = e.seconds
-            open_.heal_bytes = e.bytes
-            open_.heal_step = e.step
-            open_.source_replica = e.source_replica
         src = f" from group {e.source_replica}" if e.source_replica is not None else ""
         self._log(e, f"group {e.replica} healed{src} at step {e.step}: "
-                     f"{_fmt_bytes(e.bytes)} in {e.seconds:.2f} s")
+                     f"{fmt_bytes(e.bytes)} in {e.seconds:.2f} s")
         return {PLOT, TIMELINE, HEALTH}
 
     def _on_Rejoined(self, e: Rejoined) -> set[str]:
         rec = self._replica(e.replica, e.t)
-        open_ = self._open_recovery(e.replica)
-        if open_ is not None:
-            open_.rejoined_t = e.t
-            open_.rejoin_step = e.step
-            open_.since_failure_s = e.seconds_since_failure
         self._set_state(rec, "training")
         took = f" {e.seconds_since_failure:.2f} s after the failure" if e.seconds_since_failure is not None else ""
         self._log(e, f"group {e.replica} rejoined at step {e.step}{took}")
@@ -522,9 +373,6 @@ class DashboardModel:
 
     def _on_GaveUp(self, e: GaveUp) -> set[str]:
         rec = self._replica(e.replica, e.t)
-        open_ = self._open_recovery(e.replica)
-        if open_ is not None:
-            open_.gave_up = True
         self._set_state(rec, "failed", f"gave up after {e.attempts} attempts")
         self._log(e, f"gave up on group {e.replica} after {e.attempts} attempts")
         return {HEALTH, TIMELINE}
@@ -663,7 +511,7 @@ def _sample_with_gaps(points: list[tuple[int, float]], gaps: list[int], limit: i
     return out
 
 
-def _fmt_bytes(n: int | None) -> str:
+def fmt_bytes(n: int | None) -> str:
     if n is None:
         return "-"
     for unit in ("B", "KB", "MB", "GB"):
@@ -672,5 +520,3 @@ def _fmt_bytes(n: int | None) -> str:
         n /= 1024  # type: ignore[assignment]
     return f"{n} B"
 
-
-fmt_bytes = _fmt_bytes

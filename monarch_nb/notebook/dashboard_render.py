@@ -17,17 +17,9 @@ import io
 import time
 from typing import Any, Iterable
 
-from .dashboard_model import (
-    STATE_STYLES,
-    DashboardModel,
-    PlotData,
-    HealthCell,
-    LogLine,
-    QuorumSummary,
-    Recovery,
-    fmt_bytes,
-    style_of,
-)
+from ..ft.recovery import PHASES, Recovery
+from .dashboard_model import DashboardModel, HealthCell, LogLine, PlotData, QuorumSummary, fmt_bytes
+from .palette import STATE_STYLES, style_of
 
 # Okabe-Ito palette: distinguishable with the common colour-vision deficiencies.
 REPLICA_COLOURS = ("#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#F0E442", "#999999")
@@ -153,7 +145,10 @@ def quorum_html(q: QuorumSummary) -> str:
 
 # ---- recoveries and event list ----------------------------------------------------------
 
-PHASE_COLOURS = {"detected": "#d32f2f", "respawned": "#f9a825", "healed": "#1565c0", "rejoined": "#2e7d32"}
+PHASE_COLOURS = {"detect": "#d32f2f", "teardown": "#8d6e63", "acquire": "#f9a825", "build": "#ef6c00",
+                 "heal": "#1565c0", "rejoin": "#2e7d32"}
+# What the event itself measured, shown under a phase when it differs from the gap.
+PHASE_NOTES = {"teardown": "stop", "acquire": "spawn", "heal": "transfer"}
 
 
 def recoveries_html(recoveries: list[Recovery], t0: float | None, *, bars: bool = True) -> str:
@@ -163,11 +158,11 @@ def recoveries_html(recoveries: list[Recovery], t0: float | None, *, bars: bool 
     longest = max((r.total_s or sum(p.duration_s or 0.0 for p in r.phases())) for r in recoveries) or 1.0
     for i, r in enumerate(recoveries):
         phases = r.phases()
-        notes = {"respawned": "spawn", "healed": "transfer"}
         cells = "".join(
             f"<td class='mnb-phase' data-phase='{p.name}' data-seconds='{'' if p.duration_s is None else f'{p.duration_s:.3f}'}'>"
             f"{_secs(p.duration_s)}<br><span style='font-size:10px;color:#666'>{_clock(p.t, t0)}"
-            + (f" &middot; {notes[p.name]} {_secs(p.reported_s)}" if p.reported_s is not None and p.name in notes else "")
+            + (f" &middot; {PHASE_NOTES[p.name]} {_secs(p.reported_s)}"
+               if p.reported_s is not None and p.name in PHASE_NOTES else "")
             + "</span></td>"
             for p in phases)
         bar = ""
@@ -180,18 +175,18 @@ def recoveries_html(recoveries: list[Recovery], t0: float | None, *, bars: bool 
         fault = r.fault or "unplanned"
         heal = ""
         if r.heal_bytes is not None:
-            src = f" from {r.source_replica}" if r.source_replica is not None else ""
+            src = f" from {r.heal_source}" if r.heal_source is not None else ""
             heal = f"{fmt_bytes(r.heal_bytes)}{src}"
         rows.append(
             f"<tr class='mnb-recovery' data-index='{i}' data-replica='{r.replica}' data-status='{_e(r.status)}'>"
             f"<td>{r.replica}</td><td>{_e(fault)}</td><td>{_clock(r.start_t, t0)}</td>{cells}"
             f"<td><b>{_secs(r.total_s)}</b></td><td>{_e(r.status)}</td><td>{_e(heal)}</td>{bar}</tr>")
     bar_head = "<th>timeline</th>" if bars else ""
+    phase_heads = "".join(f"<th>{name}</th>" for name in PHASES)
     return ("<div class='mnb-recoveries' data-count='%d'><table border='1' style='border-collapse:collapse;"
             "font-family:sans-serif;font-size:12px'><thead><tr><th>group</th><th>fault</th><th>at</th>"
-            "<th>detected</th><th>respawned</th><th>healed</th><th>rejoined</th><th>total</th><th>status</th>"
-            "<th>state copied</th>%s</tr></thead><tbody>%s</tbody></table></div>"
-            % (len(recoveries), bar_head, "".join(rows)))
+            "%s<th>total</th><th>status</th><th>state copied</th>%s</tr></thead><tbody>%s</tbody></table></div>"
+            % (len(recoveries), phase_heads, bar_head, "".join(rows)))
 
 
 def events_html(lines: Iterable[LogLine], t0: float | None, *, scroll: bool = True) -> str:
@@ -238,7 +233,6 @@ class LossPlot:
         ax.set_ylabel("loss")
         ax.grid(True, alpha=0.3)
         self.heading = self.fig.text(0.5, 0.955, "", ha="center", va="center", fontsize=10)
-        self.last_render_s = 0.0
         self._lines: dict[int, Any] = {}
         self._dropped: dict[int, Any] = {}
         (self._global,) = ax.plot([], [], lw=1.6, ls="--", color=GLOBAL_COLOUR, alpha=0.8,
@@ -266,7 +260,6 @@ class LossPlot:
         HTML (``plot_legend_html``): drawing legend text is half the cost of a frame."""
         import numpy as np
 
-        t0 = time.thread_time()
         ax = self.ax
         series = data.committed
         for replica, committed in series.items():
@@ -292,9 +285,7 @@ class LossPlot:
         ax.autoscale_view()
         self.heading.set_text(f"loss: {data.point_count} points, global step "
                               f"{'-' if data.global_step is None else data.global_step}")
-        png = self._png(dpi)
-        self.last_render_s = time.thread_time() - t0
-        return png
+        return self._png(dpi)
 
     def _update_markers(self, data: PlotData) -> None:
         import numpy as np

@@ -10,14 +10,16 @@ from __future__ import annotations
 import html
 from typing import TYPE_CHECKING, Any, Iterable
 
+from .. import seam
+from .palette import style_of
+
 if TYPE_CHECKING:
     from ..agent import CellOutput
     from ..calls import MeshResult
     from ..meshes import MeshHandle
     from ..session import Session
 
-COLOURS = {"alive": "#1b7f3b", "healthy": "#1b7f3b", "failed": "#b3261e", "degraded": "#b86e00",
-           "stopped": "#6b6b6b", "missing": "#b86e00", "error": "#b3261e", "ok": "#1b7f3b"}
+_FAILED = style_of("failed").background
 _TABLE = "border-collapse:collapse;font-family:monospace;font-size:12px"
 _CELL = "border:1px solid #ccc;padding:2px 6px;text-align:left"
 
@@ -27,9 +29,9 @@ def esc(value: Any) -> str:
 
 
 def badge(state: str) -> str:
-    colour = COLOURS.get(state, "#444")
-    return (f'<span class="mnb-state mnb-{esc(state)}" style="color:white;background:{colour};'
-            f'padding:0 6px;border-radius:3px">{esc(state)}</span>')
+    st = style_of(state)
+    return (f'<span class="mnb-state mnb-{esc(state)}" style="color:{st.foreground};background:{st.background};'
+            f'padding:0 6px;border-radius:3px">{esc(st.glyph)} {esc(state)}</span>')
 
 
 def table(headers: Iterable[str], rows: Iterable[Iterable[str]], cls: str = "") -> str:
@@ -51,7 +53,7 @@ def mesh_html(handle: "MeshHandle") -> str:
 
 
 def session_html(session: "Session") -> str:
-    handles = session.status()
+    handles = session.snapshot()
     if not handles:
         return '<div class="mnb-session">no meshes are up; start one with <code>%monarch up --procs 4</code></div>'
     return '<div class="mnb-session">' + "".join(mesh_html(h) for h in handles) + "</div>"
@@ -85,7 +87,7 @@ def proc_mesh_html(proc_mesh: Any) -> str:
 
     session = current_session(create=False)
     if session is not None:
-        for handle in session.status():
+        for handle in session.snapshot():
             if handle.proc_mesh is proc_mesh:
                 return mesh_html(handle)
     extent = proc_mesh.extent
@@ -98,14 +100,14 @@ def actor_mesh_html(actor_mesh: Any) -> str:
 
     extent = actor_mesh.extent
     dims = " × ".join(f"{k}={v}" for k, v in zip(extent.labels, extent.sizes))
-    name = getattr(actor_mesh, "_mesh_name", "?")
-    cls = getattr(getattr(actor_mesh, "_class", None), "__name__", "?")
+    name = seam.actor_mesh_name(actor_mesh)
+    cls = getattr(seam.actor_mesh_class(actor_mesh), "__name__", "?")
     health = ""
     session = current_session(create=False)
     if session is not None:
-        owner = session._owner_of(actor_mesh)
+        owner = session.owner_of(actor_mesh)
         if owner is not None:
-            ranks = list(actor_mesh._ndslice)
+            ranks = seam.actor_mesh_ranks(actor_mesh)
             failed = [r for r in ranks if r in owner.failed_ranks]
             health = " " + badge("degraded" if failed else "healthy") + (f" failed ranks {failed}" if failed else "")
             health += f" on mesh <b>{esc(owner.name)}</b>"
@@ -124,7 +126,7 @@ def cell_outputs_html(outputs: "list[CellOutput]", missing: list[int], coords: d
         if out.result is not None:
             body += f'<pre class="mnb-value" style="margin:0">Out: {esc(out.result)}</pre>'
         if out.error:
-            body += f'<pre class="mnb-error" style="margin:0;color:#b3261e">{esc(out.traceback or out.error)}</pre>'
+            body += f'<pre class="mnb-error" style="margin:0;color:{_FAILED}">{esc(out.traceback or out.error)}</pre>'
         parts.append(f'<div class="mnb-rank" data-rank="{out.rank}"><b>[rank {out.rank}]</b> '
                      f'<span style="color:#666">{esc(coords.get(out.rank, ""))}</span> {badge(state)}{body}</div>')
     for rank in missing:
@@ -134,10 +136,28 @@ def cell_outputs_html(outputs: "list[CellOutput]", missing: list[int], coords: d
 
 
 def failure_html(mesh: str, rank: int | None, reason: str) -> str:
-    return (f'<div class="mnb-failure" style="border-left:4px solid #b3261e;padding:2px 8px">'
+    return (f'<div class="mnb-failure" style="border-left:4px solid {_FAILED};padding:2px 8px">'
             f'{badge("failed")} mesh <b>{esc(mesh)}</b> rank <b>{esc(rank)}</b>: {esc(reason)} '
             f'&middot; <code>%monarch replace {esc(mesh)}</code> starts a fresh mesh</div>')
 
 
 def _short(text: str, limit: int = 300) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def register_views(ipython: Any) -> None:
+    """Make IPython draw controller objects and Monarch's meshes with the views above.
+
+    Registered as display formatters, so the controller never imports this module."""
+    from ..calls import MeshResult
+    from ..meshes import MeshHandle
+    from ..session import Session
+
+    formatter = ipython.display_formatter.formatters["text/html"]
+    formatter.for_type(Session, session_html)
+    formatter.for_type(MeshHandle, mesh_html)
+    formatter.for_type(MeshResult, mesh_result_html)
+    views = {"ValueMesh": value_mesh_html, "ProcMesh": proc_mesh_html, "ActorMesh": actor_mesh_html}
+    for name, view in views.items():
+        module, cls = seam.DISPLAY_TYPES[name]
+        formatter.for_type_by_name(module, cls, view)

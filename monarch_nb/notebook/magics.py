@@ -20,7 +20,8 @@ from IPython.display import HTML, display
 from ..errors import MonarchNbError, RemoteError
 from ..session import Session, current_session
 from .args import HelpShown, MagicArgumentParser, dim_selector, key_value, positive_float, positive_int
-from .html import cell_outputs_html
+from . import notices
+from .html import cell_outputs_html, register_views
 from .slicing import validate_slice
 from .train_magics import TrainingCommands, add_training_commands
 
@@ -74,14 +75,14 @@ class MonarchMagics(Magics):
         self._line = _line_parser()
         self._cell = _cell_parser()
         self.training = TrainingCommands()
+        if shell is not None:
+            register_views(shell)
 
     @property
     def session(self) -> Session:
         if self._session is None or self._session._closed:
-            from .extension import watch_session
-
             self._session = current_session()
-            watch_session(self._session)
+            notices.watch_session(self._session)
         return self._session
 
     @line_cell_magic

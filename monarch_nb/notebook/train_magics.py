@@ -12,9 +12,10 @@ from typing import Any
 
 from IPython.core.error import UsageError
 
+from ..ft.faults import FaultKind
 from .args import positive_float, positive_int
 
-FAULT_KINDS = ("kill", "segfault", "exit", "exception", "comms", "hang")
+FAULT_KINDS = tuple(k.value for k in FaultKind)
 
 
 def add_training_commands(sub: Any) -> None:

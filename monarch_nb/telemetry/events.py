@@ -74,7 +74,6 @@ class WorkerFailed(Event):
     mesh: str
     rank: int | None
     reason: str
-    detected_after_s: float | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -152,7 +151,28 @@ class FailureDetected(Event):
 
 
 @dataclass(frozen=True, kw_only=True)
+class TornDown(Event):
+    """The failed group's processes are gone (killed and reaped, or the allocation released)."""
+
+    kind: ClassVar[str] = "torn_down"
+    replica: int
+    seconds: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class Acquired(Event):
+    """Processes to replace a failed group are up: ``how`` is spawn, spare or allocation."""
+
+    kind: ClassVar[str] = "acquired"
+    replica: int
+    how: str
+    seconds: float
+
+
+@dataclass(frozen=True, kw_only=True)
 class Respawned(Event):
+    """The replacement group's trainers are built and training started (acquire + build)."""
+
     kind: ClassVar[str] = "respawned"
     replica: int
     attempt: int

@@ -82,6 +82,25 @@ class EventStore:
 
         return unsubscribe
 
+    def wait_for(self, predicate: Callable[[Event], bool], timeout: float = 60.0, *, since: float = 0.0) -> Event:
+        """Block until an event satisfying ``predicate`` (recorded at or after ``since``) exists;
+        the events already recorded count. Raises ``TimeoutError`` after ``timeout`` seconds."""
+        found = threading.Event()
+        box: list[Event] = []
+
+        def observer(e: Event) -> None:
+            if not found.is_set() and e.t >= since and predicate(e):
+                box.append(e)
+                found.set()
+
+        unsubscribe = self.subscribe(observer, replay=True)
+        try:
+            if not found.wait(timeout):
+                raise TimeoutError(f"no matching event within {timeout:g} s")
+        finally:
+            unsubscribe()
+        return box[0]
+
     def events(self, kind: str | type[Event] | None = None) -> list[Event]:
         with self._lock:
             items = list(self._events)

@@ -1,7 +1,7 @@
 """The Monarch actor that is one rank of one replica group.
 
 ``TrainerActor.__init__`` runs in the worker process and builds the
-:class:`~monarch_nb.ft.engine.ReplicaTrainer` (model, optimizer, torchft Manager): patches
+:class:`~monarch_nb.ft.replica_trainer.ReplicaTrainer` (model, optimizer, torchft Manager): patches
 and environment set in the controller do not reach workers, so everything happens here.
 Training runs in a thread of the actor so endpoints stay responsive: ``poll`` hands the
 controller the events produced since the last call plus the current state, ``inject``
@@ -49,16 +49,14 @@ class TrainerActor(Actor):
         self._armed: list[dict[str, Any]] = []
         self._hash_steps: set[int] = set()
         self._max_steps = cfg.get("steps")
-        # torchft's Rust side logs every quorum and commit at INFO; keep worker output readable.
-        os.environ.setdefault("RUST_LOG", "warn")
-        from .engine import ReplicaTrainer
+        from .replica_trainer import ReplicaTrainer
 
-        self.engine = ReplicaTrainer(cfg, replica=replica, rank=self.rank, group_size=self.group_size,
+        self.trainer = ReplicaTrainer(cfg, replica=replica, rank=self.rank, group_size=self.group_size,
                                      lighthouse=lighthouse, store_port=store_port, data_dir=data_dir,
                                      emit=self._emit)
         self._state = "ready"
         self._emit({"kind": "ready", "replica": replica, "rank": self.rank, "pid": os.getpid(),
-                    "init_seconds": self.engine.init_seconds, "platform": self.engine.platform.describe(),
+                    "init_seconds": self.trainer.init_seconds, "platform": self.trainer.platform.describe(),
                     "t": time.time()})
 
     # ---- plumbing ---------------------------------------------------------------------------
@@ -77,7 +75,7 @@ class TrainerActor(Actor):
                                            "rank": self.rank, "step": step, "pid": os.getpid()})
             self._emit({"kind": "fault_fired", "fault": kind.value, "replica": self.replica, "rank": self.rank,
                         "step": step, "t": time.time()})
-            fire(kind, abort_comms=self.engine.abort_comms, hang_s=f.get("hang_s", 30.0))
+            fire(kind, abort_comms=self.trainer.abort_comms, hang_s=f.get("hang_s", 30.0))
 
     def _fail(self, reason: str) -> None:
         with self._lock:
@@ -87,10 +85,10 @@ class TrainerActor(Actor):
         # Leave the quorum now: stop heartbeating and drop our sockets, so that peers
         # waiting on us in a collective fail fast instead of waiting out the timeout.
         try:
-            self.engine.abort_comms()
+            self.trainer.abort_comms()
         except Exception:
             pass
-        self.engine.shutdown()
+        self.trainer.shutdown()
 
         def _last_resort() -> None:
             if not self._stop.wait(_SELF_EXIT_AFTER_FAILURE_S):
@@ -102,24 +100,24 @@ class TrainerActor(Actor):
         self._state = "training"
         try:
             while not self._stop.is_set():
-                if self._max_steps is not None and self.engine.current_step() >= self._max_steps:
+                if self._max_steps is not None and self.trainer.current_step() >= self._max_steps:
                     self._state = "finished"
                     break
-                rec = self.engine.train_step(self._fault_point)
+                rec = self.trainer.train_step(self._fault_point)
                 if rec["committed"]:
                     with self._lock:
                         want = rec["step"] in self._hash_steps
                         self._hash_steps.discard(rec["step"])
                     if want:
                         self._emit({"kind": "hashes", "replica": self.replica, "rank": self.rank,
-                                    "step": rec["step"], **self.engine.hashes(), "t": time.time()})
-                elif self.engine.comms_broken():
+                                    "step": rec["step"], **self.trainer.hashes(), "t": time.time()})
+                elif self.trainer.comms_broken():
                     self._fail("comms: cross-replica process group aborted")
                     return
         except BaseException as e:  # noqa: BLE001 - anything here ends the group's training
             if self._stop.is_set():
                 return
-            from .engine import CommsBroken
+            from .replica_trainer import CommsBroken
 
             if isinstance(e, CommsBroken):
                 self._fail(f"comms: {e}")
@@ -145,14 +143,14 @@ class TrainerActor(Actor):
             self._events.clear()
             state, failure = self._state, self._failure
         return {"replica": self.replica, "rank": self.rank, "state": state, "failure": failure,
-                "step": self.engine.current_step(), "events": events, "pid": os.getpid()}
+                "step": self.trainer.current_step(), "events": events, "pid": os.getpid()}
 
     @endpoint
     def inject(self, kind: str, at_step: int | None = None, hang_s: float = 30.0) -> int:
         """Arm a fault; it fires inside the first step >= ``at_step`` (next step if None).
         Returns the step it is armed for."""
         FaultKind.parse(kind)
-        step = at_step if at_step is not None else self.engine.current_step() + 1
+        step = at_step if at_step is not None else self.trainer.current_step() + 1
         with self._lock:
             self._armed.append({"kind": kind, "at_step": at_step, "hang_s": hang_s})
         return step
@@ -160,7 +158,7 @@ class TrainerActor(Actor):
     @endpoint
     def hash_at(self, step: int) -> bool:
         """Emit a ``hashes`` event after committing ``step``; False if it is already past."""
-        if self.engine.current_step() >= step:
+        if self.trainer.current_step() >= step:
             return False
         with self._lock:
             self._hash_steps.add(step)
@@ -169,7 +167,7 @@ class TrainerActor(Actor):
     @endpoint
     def hashes(self) -> dict[str, Any]:
         """Digests right now (only meaningful while training is stopped or finished)."""
-        return {"step": self.engine.current_step(), **self.engine.hashes()}
+        return {"step": self.trainer.current_step(), **self.trainer.hashes()}
 
     @endpoint
     def finish(self, timeout: float = 10.0) -> str:
@@ -177,6 +175,6 @@ class TrainerActor(Actor):
         thread = self._thread
         if thread is not None:
             thread.join(timeout)
-        self.engine.shutdown()
+        self.trainer.shutdown()
         self._state = "stopped" if self._state != "failed" else self._state
         return self._state

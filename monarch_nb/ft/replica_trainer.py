@@ -1,6 +1,6 @@
 """One rank of one replica group: torchtitan's Llama 3 trained under a torchft Manager.
 
-Runs inside a worker process (built by :class:`monarch_nb.ft.trainer.TrainerActor`), never
+Runs inside a worker process (built by :class:`monarch_nb.ft.trainer_actor.TrainerActor`), never
 in the controller. It assembles torchtitan components rather than driving torchtitan's
 ``Trainer``: the Llama 3 model and its FSDP ``parallelize_llama`` (when the group has more
 than one process), ``OptimizersContainer``, ``LRSchedulersContainer``, ``CrossEntropyLoss``
@@ -26,41 +26,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import sys
 import time
-import types
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, Callable
 
+from .. import seam
 from .platform import Platform, select_platform
-
-
-def _stub_triton_kernels() -> None:
-    """torchtitan 0.3.0 imports Triton MoE kernels at import time (via models.common); Llama 3
-    never calls them. Where Triton is absent, register a stand-in that fails only if used."""
-    name = "torchtitan.distributed.minimal_async_ep.kernels"
-    if name in sys.modules:
-        return
-    try:
-        import triton  # noqa: F401
-
-        return
-    except ImportError:
-        pass
-    stub = types.ModuleType(name)
-    stub.__file__ = "<monarch_nb stub: triton unavailable>"
-
-    def _unavailable(*args: Any, **kwargs: Any) -> Any:
-        raise RuntimeError("Triton kernels are unavailable on this platform (no triton installed)")
-
-    def _getattr(attr: str) -> Any:
-        if attr.startswith("__"):
-            raise AttributeError(attr)
-        return _unavailable
-
-    stub.__getattr__ = _getattr  # type: ignore[attr-defined]
-    sys.modules[name] = stub
 
 
 def _local(t: Any) -> Any:
@@ -97,23 +69,6 @@ class CommsBroken(RuntimeError):
     """This group cannot talk to its peers any more; it must be replaced."""
 
 
-class _QuorumRecorder:
-    """Stands in for the Manager's ``ManagerClient`` to remember the last quorum result
-    (membership, heal source); every call goes through to the real client."""
-
-    def __init__(self, client: Any) -> None:
-        self._client = client
-        self.last: Any = None
-
-    def _quorum(self, *args: Any, **kwargs: Any) -> Any:
-        result = self._client._quorum(*args, **kwargs)
-        self.last = result
-        return result
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._client, name)
-
-
 def _replica_index(replica_id: str) -> int | None:
     """'replica_2:uuid' -> 2."""
     head = replica_id.split(":", 1)[0]
@@ -133,7 +88,7 @@ class ReplicaTrainer:
         t0 = time.time()
         self.cfg, self.replica, self.rank, self.group_size = cfg, replica, rank, group_size
         self.emit = emit
-        _stub_triton_kernels()
+        seam.stub_triton_kernels()
         import torch
 
         torch.set_num_threads(int(cfg.get("threads_per_proc", 1)))
@@ -141,11 +96,7 @@ class ReplicaTrainer:
         self.device = self.platform.device(rank if self.platform.device_type != "cpu" else 0)
         if self.platform.device_type == "cuda":
             torch.cuda.set_device(self.device)
-        # torchtitan defaults its device type to "cuda" at import; tell it where we are.
-        import torchtitan.tools.utils as tt_utils
-
-        tt_utils.device_type = self.platform.device_type
-        tt_utils.device_module = getattr(torch, self.platform.device_type)
+        seam.set_torchtitan_device(self.platform.device_type)
 
         from torch.distributed import TCPStore
 
@@ -167,8 +118,7 @@ class ReplicaTrainer:
         self._comms_dead = False
         self._last_quorum_id: int | None = None
         self.manager = self._build_manager(lighthouse, host)
-        self.quorum_recorder = _QuorumRecorder(self.manager._client)
-        self.manager._client = self.quorum_recorder
+        self.quorum_recorder = seam.record_quorums(self.manager)
         self.init_seconds = time.time() - t0
 
     # ---- construction --------------------------------------------------------------------
@@ -200,12 +150,10 @@ class ReplicaTrainer:
         import torch.distributed as dist
         from torch.distributed import PrefixStore
 
-        import torchtitan.distributed.parallel_dims as pd_mod
         from torchtitan.config import CompileConfig, ParallelismConfig, TrainingConfig
         from torchtitan.distributed import ParallelDims
         from torchtitan.models.llama3 import parallelize_llama
 
-        pd_mod.device_type = self.platform.device_type
         if not dist.is_initialized():
             dist.init_process_group(backend=self.platform.backend, store=PrefixStore("monarch_nb/group", self.store),
                                     rank=self.rank, world_size=self.group_size,
@@ -287,8 +235,7 @@ class ReplicaTrainer:
             recording what each heal moved."""
 
             def address(self) -> str:
-                port = self._server.socket.getsockname()[1]
-                return f"http://{host}:{port}/checkpoint/"
+                return f"http://{host}:{seam.http_transport_port(self)}/checkpoint/"
 
             def recv_checkpoint(self, src_rank: int, metadata: str, step: int, timeout: timedelta) -> Any:
                 t = time.time()
@@ -398,7 +345,7 @@ class ReplicaTrainer:
 
         t0 = time.time()
         self.manager.start_quorum()
-        if self._last_quorum_id is not None and getattr(self.ft_pg, "_pg", True) is None:
+        if self._last_quorum_id is not None and seam.process_group_is_down(self.ft_pg):
             raise CommsBroken("the cross-replica process group is down and the new quorum did not rebuild it")
         q = self.quorum_recorder.last
         participants = self.manager.num_participants()

@@ -15,7 +15,7 @@ import threading
 import time
 from typing import Callable
 
-from monarch_nb.telemetry.events import (
+from ..telemetry.events import (
     FailureDetected,
     FaultInjected,
     Healed,
@@ -27,7 +27,7 @@ from monarch_nb.telemetry.events import (
     RunStopped,
     Step,
 )
-from monarch_nb.telemetry.store import EventStore
+from ..telemetry.store import EventStore
 
 __all__ = ["SyntheticRun"]
 

@@ -1,0 +1,116 @@
+"""Replica groups as the controller sees them, and the one lock that guards them.
+
+Several threads touch the groups of a run: one supervisor per group, Monarch's fault hook
+(through the session's failure listener), the fault injector, identity checks and the
+user's thread (``status()``, ``inject``). All of that shared state lives in
+:class:`GroupTable` and changes only under its lock; a state change is returned to the
+caller, which records it as a ``ReplicaState`` event outside the lock.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+# Every state a replica group can be in; the dashboard has a style for each.
+STARTING, TRAINING, FAILED, RESPAWNING, HEALING = "starting", "training", "failed", "respawning", "healing"
+STOPPED, GAVE_UP, FINISHED = "stopped", "gave_up", "finished"
+GROUP_STATES = (STARTING, TRAINING, FAILED, RESPAWNING, HEALING, STOPPED, GAVE_UP, FINISHED)
+# States in which the supervisor has nothing more to do.
+TERMINAL = (STOPPED, GAVE_UP, FINISHED)
+# States in which a new failure report is news (not a repeat of one being handled).
+WATCHED = (STARTING, TRAINING, HEALING)
+
+
+@dataclass(frozen=True)
+class Failure:
+    """Why the controller decided a group has failed.
+
+    ``source`` says who noticed: ``supervision`` (Monarch reported a dead process), ``pid``
+    (our own liveness check), ``endpoint`` (a call to the trainer raised), ``trainer`` (the
+    trainer reported a failure it survived: an exception in the step, broken comms) or
+    ``hang`` (silence past ``hang_timeout_s``). ``t`` is when it was detected (unix seconds).
+    """
+
+    reason: str
+    rank: int | None
+    t: float
+    source: str
+
+
+@dataclass
+class ReplicaGroup:
+    """Controller-side view of one replica group (a Monarch proc mesh named ``replica{index}``)."""
+
+    index: int
+    state: str = STARTING
+    attempts: int = 0
+    actors: Any = None
+    step: int = 0
+    last_answer: float = 0.0  # monotonic time of the last complete poll
+    procs: list[tuple[int, str]] = field(default_factory=list)  # (pid, host) of each rank
+    failure: Failure | None = None  # set by any thread that noticed; the supervisor acts on it
+    wake: threading.Event = field(default_factory=threading.Event)
+
+    @property
+    def name(self) -> str:
+        return f"replica{self.index}"
+
+    @property
+    def pids(self) -> list[int]:
+        return [pid for pid, _ in self.procs]
+
+
+class GroupTable:
+    """The groups of one run, guarded by one lock."""
+
+    def __init__(self, replicas: int) -> None:
+        self.lock = threading.RLock()
+        self.groups = [ReplicaGroup(r) for r in range(replicas)]
+
+    def __iter__(self):  # noqa: ANN204
+        return iter(list(self.groups))
+
+    def __getitem__(self, index: int) -> ReplicaGroup:
+        return self.groups[index]
+
+    def by_name(self, name: str) -> ReplicaGroup | None:
+        return next((g for g in self.groups if g.name == name), None)
+
+    def set_state(self, group: ReplicaGroup, state: str, detail: str = "") -> bool:
+        """Change a group's state; False when it already was in it (and there is no detail)."""
+        with self.lock:
+            if group.state == state and not detail:
+                return False
+            group.state = state
+            return True
+
+    def signal_failure(self, group: ReplicaGroup, failure: Failure) -> bool:
+        """Record a failure noticed outside the supervisor (first one wins) and wake it."""
+        with self.lock:
+            if group.failure is not None or group.state not in WATCHED:
+                return False
+            group.failure = failure
+        group.wake.set()
+        return True
+
+    def take_failure(self, group: ReplicaGroup) -> Failure | None:
+        with self.lock:
+            return group.failure
+
+    def attach(self, group: ReplicaGroup, actors: Any, procs: list[tuple[int, str]], now: float) -> None:
+        """A fresh mesh and trainer for ``group``: forget the old failure."""
+        with self.lock:
+            group.actors, group.procs = actors, procs
+            group.failure = None
+            group.last_answer = now
+
+    def training(self) -> list[ReplicaGroup]:
+        with self.lock:
+            return [g for g in self.groups if g.state == TRAINING]
+
+    def status(self) -> dict[int, dict[str, Any]]:
+        with self.lock:
+            return {g.index: {"state": g.state, "step": g.step, "attempts": g.attempts, "pids": g.pids}
+                    for g in self.groups}

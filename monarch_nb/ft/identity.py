@@ -1,0 +1,68 @@
+"""Proof that replicas are bit-identical: digests of every rank compared at one step.
+
+Training never pauses for a check. :meth:`IdentityChecks.request` asks every training
+group to report digests of its parameters and optimizer state right after committing one
+future step (a few steps ahead, so every group reaches it); the reports come back with the
+groups' telemetry (:class:`~monarch_nb.ft.ingest.HashReport`) and, once every asked rank
+has answered, one ``ReplicasIdentical`` event records whether rank k of every group holds
+the same digests. A group that could not be asked is left out of that check.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Callable, Iterable
+
+from ..telemetry.events import Event, ReplicasIdentical
+from .ingest import HashReport
+
+
+@dataclass
+class _Pending:
+    expected: set[tuple[int, int]]
+    got: dict[tuple[int, int], tuple[str, str]] = field(default_factory=dict)
+
+
+class IdentityChecks:
+    def __init__(self, group_size: int, emit: Callable[[Event], None]) -> None:
+        self.group_size = group_size
+        self._emit = emit
+        self._lock = threading.Lock()
+        self._pending: dict[int, _Pending] = {}
+
+    def request(self, groups: Iterable[tuple[int, int]], ask: Callable[[int, int], bool], ahead: int = 3) -> int | None:
+        """Check at a step ``ahead`` of the furthest group. ``groups`` are (replica, step) of the
+        training groups; ``ask(replica, step)`` asks one for digests (False if it could not).
+        Returns the step checked, or None with fewer than two groups."""
+        groups = list(groups)
+        if len(groups) < 2:
+            return None
+        target = max(step for _, step in groups) + ahead
+        with self._lock:
+            self._pending[target] = _Pending({(r, k) for r, _ in groups for k in range(self.group_size)})
+        for replica, _ in groups:
+            if not ask(replica, target):
+                with self._lock:
+                    self._pending[target].expected -= {(replica, k) for k in range(self.group_size)}
+        self._maybe_complete(target)
+        return target
+
+    def record(self, report: HashReport) -> None:
+        with self._lock:
+            pending = self._pending.get(report.step)
+            if pending is None:
+                return
+            pending.got[(report.replica, report.rank)] = (report.params, report.optim)
+        self._maybe_complete(report.step)
+
+    def _maybe_complete(self, step: int) -> None:
+        with self._lock:
+            pending = self._pending.get(step)
+            if pending is None or not pending.expected or not pending.expected <= set(pending.got):
+                return
+            del self._pending[step]
+        got = pending.got
+        identical = all(len({v for (_, rank), v in got.items() if rank == k}) == 1 for k in range(self.group_size))
+        hashes = {f"replica{r}/rank{k}": f"params:{p} optim:{o}" for (r, k), (p, o) in sorted(got.items())}
+        self._emit(ReplicasIdentical(step=step, identical=identical, hashes=hashes))

@@ -1,0 +1,84 @@
+"""Worker telemetry in, typed events out: the translation, kept free of processes and clocks.
+
+Each trainer rank hands the controller plain dicts (``{"kind": "step", ...}``) when polled.
+:class:`EventIngest` turns one poll of one group into :mod:`monarch_nb.telemetry.events`:
+rank 0 speaks for the group's steps and quorums; a quorum is recorded once per run however
+many groups report it; a heal is recorded once per group, when every rank has healed its
+shard (bytes summed, the slowest rank's time); and the first committed step of a group that
+is being recovered is its ``Rejoined``. Parameter digests come out as :class:`HashReport`
+for the identity checks. Nothing here calls a process, so it is unit-tested with dicts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+from ..telemetry.events import Event, Healed, Quorum, Rejoined, Step
+
+
+@dataclass(frozen=True)
+class HashReport:
+    """Digests of one rank's parameters and optimizer state after committing ``step``."""
+
+    replica: int
+    rank: int
+    step: int
+    params: str
+    optim: str
+
+
+class EventIngest:
+    def __init__(self, group_size: int) -> None:
+        self.group_size = group_size
+        self._seen_quorums: set[int] = set()
+        self._heal_parts: dict[int, dict[int, dict[str, Any]]] = {}
+        self._failed_at: dict[int, float] = {}  # replica -> when its failure happened (awaiting rejoin)
+
+    def expect_rejoin(self, replica: int, failed_at: float) -> None:
+        """The group is being recovered: its next committed step is its rejoin."""
+        self._failed_at[replica] = failed_at
+        self._heal_parts.pop(replica, None)
+
+    def awaiting_rejoin(self, replica: int) -> bool:
+        return replica in self._failed_at
+
+    def translate(self, replica: int, polls: dict[int, dict[str, Any]]) -> list[Event | HashReport]:
+        """Typed events from one poll of a group (rank -> what that rank returned), in time order."""
+        merged = sorted(((float(ev.get("t", 0.0)), rank, i, ev) for rank, value in polls.items()
+                         for i, ev in enumerate(value.get("events", ()))), key=lambda x: x[:3])
+        out: list[Event | HashReport] = []
+        for _, rank, _, ev in merged:
+            out.extend(self._one(replica, rank, ev))
+        return out
+
+    def _one(self, replica: int, rank: int, ev: dict[str, Any]) -> Iterable[Event | HashReport]:
+        kind = ev.get("kind")
+        t = float(ev.get("t", 0.0))
+        if kind == "step" and rank == 0:
+            yield Step(t=t, replica=replica, step=int(ev["step"]), loss=float(ev["loss"]),
+                       tokens_per_s=float(ev["tokens_per_s"]), committed=bool(ev["committed"]),
+                       quorum_id=ev.get("quorum_id"), participants=ev.get("participants"))
+            if ev["committed"] and replica in self._failed_at:
+                # Normally after a "healed"; with no live peer to heal from (every group was
+                # down) the first committed step is the rejoin all the same.
+                failed_at = self._failed_at.pop(replica)
+                yield Rejoined(t=t, replica=replica, step=int(ev["step"]), seconds_since_failure=t - failed_at)
+        elif kind == "quorum" and rank == 0:
+            qid = int(ev["quorum_id"])
+            if qid not in self._seen_quorums:
+                self._seen_quorums.add(qid)
+                yield Quorum(t=t, quorum_id=qid, participants=list(ev.get("participants") or []), replica=replica)
+        elif kind == "healed":
+            parts = self._heal_parts.setdefault(replica, {})
+            parts[rank] = ev
+            if len(parts) >= self.group_size:
+                del self._heal_parts[replica]
+                first = parts[min(parts)]
+                yield Healed(t=max(float(p["t"]) for p in parts.values()), replica=replica, step=int(first["step"]),
+                             bytes=sum(int(p["bytes"]) for p in parts.values()),
+                             seconds=max(float(p["seconds"]) for p in parts.values()),
+                             source_replica=first.get("source_replica"))
+        elif kind == "hashes":
+            yield HashReport(replica=replica, rank=rank, step=int(ev["step"]), params=str(ev["params"]),
+                             optim=str(ev["optim"]))

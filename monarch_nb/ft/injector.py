@@ -1,0 +1,121 @@
+"""Faults on demand and on a schedule, and when each one actually fired.
+
+The injector validates a :class:`~monarch_nb.ft.faults.Fault` against the run, refuses a
+target that is not running, and hands it to the target rank's trainer, which arms it for a
+step. A worker appends a line to the run's fault log (``faults.jsonl``) just before it fires
+a fault, because the process may be gone a moment later; :meth:`FaultInjector.fired_time`
+reads that log, so detection latency is measured from the fault itself, not from the
+injection. The schedule thread injects random faults every N seconds and never takes the
+last training group down.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from typing import Any, Callable
+
+from ..telemetry.events import Event, FaultInjected
+from .faults import Fault, FaultKind, FaultSchedule
+from .groups import HEALING, TRAINING, GroupTable
+
+
+class FaultInjector:
+    def __init__(self, replicas: int, group_size: int, groups: GroupTable, fault_log: str,
+                 send: Callable[[Fault], int | None], emit: Callable[[Event], None],
+                 running: Callable[[], bool]) -> None:
+        self.replicas, self.group_size = replicas, group_size
+        self.fault_log = fault_log
+        self._groups, self._send, self._emit, self._running = groups, send, emit, running
+        self._lock = threading.Lock()
+        self._log_pos = 0
+        self._fired: list[dict[str, Any]] = []
+        self._schedule_stop: threading.Event | None = None
+
+    def inject(self, kind: str | FaultKind, replica: int = 0, rank: int = 0, *, at_step: int | None = None,
+               after_s: float | None = None, hang_s: float = 30.0) -> Fault:
+        fault = Fault(kind=FaultKind.parse(kind), replica=replica, rank=rank, at_step=at_step, after_s=after_s,
+                      hang_s=hang_s)
+        fault.validate(self.replicas, self.group_size)
+        if not self._running():
+            raise RuntimeError("inject: the run is not running (call start() first)")
+        if fault.after_s:
+            timer = threading.Timer(fault.after_s, self._fire_quietly, args=(fault,))
+            timer.daemon = True
+            timer.start()
+            self._emit(FaultInjected(fault=fault.kind.value, replica=replica, rank=rank, step=None))
+            return fault
+        self.send(fault)
+        return fault
+
+    def send(self, fault: Fault) -> None:
+        """Arm ``fault`` in its target now and record the injection; refuses a target not running."""
+        g = self._groups[fault.replica]
+        if g.state not in (TRAINING, HEALING):
+            allowed = [x.index for x in self._groups.training()]
+            raise RuntimeError(f"inject: replica {fault.replica} is {g.state}; allowed targets now: {allowed}")
+        step = self._send(fault)
+        self._emit(FaultInjected(fault=fault.kind.value, replica=fault.replica, rank=fault.rank,
+                                 step=step if step is not None else fault.at_step))
+
+    def _fire_quietly(self, fault: Fault) -> None:
+        """A delayed fault whose target is no longer running is dropped (its injection is recorded)."""
+        g = self._groups[fault.replica]
+        if g.state in (TRAINING, HEALING) and self._running():
+            try:
+                self._send(fault)
+            except Exception:
+                pass
+
+    def schedule(self, every: float, kinds: Any = ("kill",), seed: int | None = None,
+                 max_faults: int | None = None, rank: int | None = None) -> FaultSchedule:
+        """Inject a random fault every ``every`` seconds into a random training group."""
+        sched = FaultSchedule(every_s=every, kinds=tuple(kinds), seed=seed, rank=rank, max_faults=max_faults)
+        self.stop_schedule()
+        stop = self._schedule_stop = threading.Event()
+
+        def loop() -> None:
+            n = 0
+            while not stop.wait(sched.every_s) and self._running():
+                live = [g.index for g in self._groups.training()]
+                if len(live) < 2:  # never take the last training group down
+                    continue
+                fault = sched.next_target(self.replicas, self.group_size, live)
+                if fault is None:
+                    continue
+                try:
+                    self.send(fault)
+                except Exception:
+                    continue
+                n += 1
+                if sched.max_faults is not None and n >= sched.max_faults:
+                    return
+
+        threading.Thread(target=loop, name="ft-fault-schedule", daemon=True).start()
+        return sched
+
+    def stop_schedule(self) -> None:
+        if self._schedule_stop is not None:
+            self._schedule_stop.set()
+            self._schedule_stop = None
+
+    def fired_time(self, replica: int) -> float | None:
+        """When the latest not yet claimed fault aimed at ``replica`` fired (from the fault log);
+        each firing is claimed by one failure."""
+        with self._lock:
+            try:
+                with open(self.fault_log, encoding="utf-8") as f:
+                    f.seek(self._log_pos)
+                    for line in f:
+                        try:
+                            self._fired.append(json.loads(line))
+                        except json.JSONDecodeError:
+                            continue
+                    self._log_pos = f.tell()
+            except FileNotFoundError:
+                return None
+            for rec in reversed(self._fired):
+                if rec.get("replica") == replica and not rec.get("_claimed"):
+                    rec["_claimed"] = True
+                    return float(rec["t"])
+        return None

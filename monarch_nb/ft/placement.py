@@ -1,0 +1,79 @@
+"""Where a replica group's processes come from: this host, a ProcessJob host, or a cluster job.
+
+A placement answers one question for the supervisor: the keyword arguments for
+``Session.up`` that bring up group ``index``'s processes. A failed group always gets fresh
+processes (Monarch cannot spawn onto a damaged proc mesh), through the same call.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from .. import seam
+
+
+class Placement:
+    """Every group on this host, as local processes (the default)."""
+
+    name = "local"
+    bind_host = "127.0.0.1"  # what the Lighthouse binds: only this host must reach it
+
+    def up_kwargs(self, index: int) -> dict[str, Any]:
+        return {}
+
+    def extra_pids(self) -> list[int]:
+        """Processes the placement started besides the workers (checked for orphans after stop)."""
+        return []
+
+    def close(self) -> None:
+        pass
+
+
+class HostMeshPlacement(Placement):
+    """Each group on the host mesh a function returns (a slice of a cluster job's hosts)."""
+
+    name = "host_mesh"
+    bind_host = "0.0.0.0"
+
+    def __init__(self, host_mesh_for: Callable[[int], Any]) -> None:
+        self._host_mesh_for = host_mesh_for
+
+    def up_kwargs(self, index: int) -> dict[str, Any]:
+        return {"host_mesh": self._host_mesh_for(index)}
+
+
+class ProcessJobPlacement(Placement):
+    """Each group on its own "host" of one Monarch ``ProcessJob`` (separate local processes)."""
+
+    name = "process"
+
+    def __init__(self, replicas: int) -> None:
+        self.replicas = replicas
+        self._job: Any = None
+        self._hosts: Any = None
+
+    def up_kwargs(self, index: int) -> dict[str, Any]:
+        if self._job is None:
+            from monarch.job import ProcessJob
+
+            self._job = ProcessJob({"hosts": self.replicas})
+            self._hosts = self._job.state(cached_path=None).hosts
+        return {"host_mesh": self._hosts.slice(hosts=index)}
+
+    def extra_pids(self) -> list[int]:
+        return seam.job_host_pids(self._job) if self._job is not None else []
+
+    def close(self) -> None:
+        if self._job is not None:
+            self._job.kill()
+
+
+def placement_for(job: str, replicas: int, host_mesh_for: Callable[[int], Any] | None = None) -> Placement:
+    if host_mesh_for is not None:
+        return HostMeshPlacement(host_mesh_for)
+    if job == "local":
+        return Placement()
+    if job == "process":
+        return ProcessJobPlacement(replicas)
+    raise ValueError(f"job: {job!r} needs host_mesh_for=lambda r: <that job's host mesh>; "
+                     "see monarch.job.SlurmJob / KubernetesJob")

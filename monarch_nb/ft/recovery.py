@@ -1,0 +1,234 @@
+"""The one definition of a recovery: which events belong to one failure, and its phases.
+
+A recovery starts when a fault is injected into a replica group or a failure nobody injected
+is detected, and ends when the group commits a step again (``rejoined``), the restart policy
+gives up, or the group fails again before it got back. :class:`RecoveryTracker` folds events
+one at a time (``apply``), so the live dashboard, the run history of a reopened run and the
+benchmarks all see the same recoveries from the same rules:
+
+* a second injection before the failure is detected is the same failure, blamed on the first
+  fault (the first armed fault fires first);
+* a repeated failure report before the respawn (Monarch reports a dead process more than once)
+  is the same failure;
+* a failure of a group that was already respawned but had not rejoined ends the open recovery
+  ("failed again") and starts a new one.
+
+Phases run back to back, each from the previous one's end, so a finished recovery's phases
+add up to fault -> first committed step of the victim (``total_s``). A phase whose event is
+missing (an older log, or a step that did not happen) has no duration, and the next phase
+runs from the last known end.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any, Iterable
+
+from ..telemetry.events import (
+    Acquired,
+    Event,
+    FailureDetected,
+    FaultInjected,
+    GaveUp,
+    Healed,
+    Rejoined,
+    ReplicasIdentical,
+    Respawned,
+    TornDown,
+)
+
+# The phases of a recovery in order; each ends with the event named in the docstring of Phase.
+PHASES = ("detect", "teardown", "acquire", "build", "heal", "rejoin")
+
+
+@dataclass(frozen=True)
+class Phase:
+    """One phase of a recovery.
+
+    detect: the fault fired -> the controller knew; teardown: -> the failed processes are gone;
+    acquire: -> processes to replace them are up (spawned, a spare taken, or an allocation);
+    build: -> the trainer is constructed and training started; heal: -> the state arrived from
+    a peer; rejoin: -> the group committed its first step. ``duration_s`` runs from the previous
+    known phase end; ``reported_s`` is what the event itself measured, when it carries one.
+    """
+
+    name: str
+    t: float | None
+    duration_s: float | None
+    reported_s: float | None = None
+
+
+@dataclass
+class Recovery:
+    """One failure of one replica group and the phases of its recovery."""
+
+    replica: int
+    fault: str | None = None  # injected fault kind, None for a failure nobody injected
+    rank: int | None = None
+    reason: str = ""
+    injected_t: float | None = None
+    injections: int = 0  # faults injected into the group for this one failure
+    detected_t: float | None = None
+    detection_s: float | None = None  # fault fired -> detected, when the fault log says when it fired
+    torn_down_t: float | None = None
+    teardown_s: float | None = None
+    acquired_t: float | None = None
+    acquire_s: float | None = None
+    acquired_how: str | None = None  # "spawn", "spare", "allocation"
+    respawned_t: float | None = None
+    respawn_s: float | None = None  # as the run measured it: acquire + build
+    attempts: int = 0
+    healed_t: float | None = None
+    heal_s: float | None = None
+    heal_bytes: int | None = None
+    heal_step: int | None = None
+    heal_source: int | None = None
+    rejoined_t: float | None = None
+    rejoined_step: int | None = None
+    gave_up: bool = False
+    failed_again: bool = False
+    identical: bool | None = None  # the first identity check at or after the rejoin
+    # Filled by RunHistory (needs every group's steps): how the other groups fared meanwhile.
+    survivor_commits_while_down: int | None = None
+    survivor_stall_s: float | None = None  # longest gap between a survivor's commits
+    survivor_stall_steps: float | None = None  # ... in units of that survivor's median step time
+
+    @property
+    def start_t(self) -> float | None:
+        """When the failure happened: the fault firing if known, else the injection, else detection."""
+        if self.detected_t is not None and self.detection_s is not None:
+            return self.detected_t - self.detection_s
+        return self.injected_t if self.injected_t is not None else self.detected_t
+
+    @property
+    def finished(self) -> bool:
+        return self.rejoined_t is not None or self.gave_up or self.failed_again
+
+    @property
+    def status(self) -> str:
+        if self.gave_up:
+            return "gave up"
+        if self.failed_again:
+            return "failed again"
+        if self.rejoined_t is not None:
+            return "recovered"
+        if self.detected_t is None:
+            return "detecting"
+        if self.respawned_t is None:
+            return "respawning"
+        if self.healed_t is None:
+            return "healing"
+        return "rejoining"
+
+    def phases(self) -> list[Phase]:
+        ends = {"detect": self.detected_t, "teardown": self.torn_down_t, "acquire": self.acquired_t,
+                "build": self.respawned_t, "heal": self.healed_t, "rejoin": self.rejoined_t}
+        reported = {"detect": self.detection_s, "teardown": self.teardown_s, "acquire": self.acquire_s,
+                    "heal": self.heal_s}
+        out, last = [], self.start_t
+        for name in PHASES:
+            end = ends[name]
+            duration = None if end is None or last is None else max(0.0, end - last)
+            out.append(Phase(name, end, duration, reported.get(name)))
+            if end is not None:
+                last = end if last is None else max(last, end)
+        return out
+
+    def durations(self) -> dict[str, float | None]:
+        return {p.name: p.duration_s for p in self.phases()}
+
+    @property
+    def total_s(self) -> float | None:
+        """Fault -> first committed step of the victim; the sum of the phases."""
+        if self.rejoined_t is None or self.start_t is None:
+            return None
+        return max(0.0, self.rejoined_t - self.start_t)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data.update(status=self.status, start_t=self.start_t, total_s=self.total_s, phases=self.durations())
+        return data
+
+
+class RecoveryTracker:
+    """Folds events into recoveries, one event at a time (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self.recoveries: list[Recovery] = []
+        self._open: dict[int, Recovery] = {}
+
+    def apply_all(self, events: Iterable[Event]) -> None:
+        for e in events:
+            self.apply(e)
+
+    def open_for(self, replica: int) -> Recovery | None:
+        return self._open.get(replica)
+
+    def _start(self, replica: int) -> Recovery:
+        rec = Recovery(replica)
+        self.recoveries.append(rec)
+        self._open[replica] = rec
+        return rec
+
+    def _close(self, rec: Recovery) -> None:
+        if self._open.get(rec.replica) is rec:
+            del self._open[rec.replica]
+
+    def apply(self, e: Event) -> Recovery | None:
+        """Fold one event in; returns the recovery it changed, if any."""
+        replica = getattr(e, "replica", None)
+        if isinstance(e, ReplicasIdentical):
+            return self._identity(e)
+        if replica is None:
+            return None
+        rec = self._open.get(replica)
+        if isinstance(e, FaultInjected):
+            if rec is not None and rec.detected_t is None:
+                rec.injections += 1  # not detected yet: the same failure, blamed on the first fault
+                return rec
+            if rec is not None:
+                rec.failed_again = True
+                self._close(rec)
+            rec = self._start(replica)
+            rec.fault, rec.rank, rec.injected_t, rec.injections = e.fault, e.rank, e.t, 1
+            return rec
+        if isinstance(e, FailureDetected):
+            if rec is not None and rec.detected_t is not None and rec.respawned_t is None:
+                return None  # reported again before the respawn: the same failure
+            if rec is not None and rec.detected_t is not None:
+                rec.failed_again = True  # the replacement failed before it rejoined
+                self._close(rec)
+                rec = None
+            if rec is None:
+                rec = self._start(replica)
+            rec.detected_t, rec.detection_s, rec.reason = e.t, e.detection_s, e.reason
+            rec.rank = e.rank if e.rank is not None else rec.rank
+            return rec
+        if rec is None:
+            return None
+        if isinstance(e, TornDown):
+            rec.torn_down_t, rec.teardown_s = e.t, e.seconds
+        elif isinstance(e, Acquired):
+            rec.acquired_t, rec.acquire_s, rec.acquired_how = e.t, e.seconds, e.how
+        elif isinstance(e, Respawned):
+            rec.respawned_t, rec.respawn_s, rec.attempts = e.t, e.seconds, e.attempt
+        elif isinstance(e, Healed):
+            rec.healed_t, rec.heal_s, rec.heal_bytes = e.t, e.seconds, e.bytes
+            rec.heal_step, rec.heal_source = e.step, e.source_replica
+        elif isinstance(e, Rejoined):
+            rec.rejoined_t, rec.rejoined_step = e.t, e.step
+            self._close(rec)
+        elif isinstance(e, GaveUp):
+            rec.gave_up = True
+            self._close(rec)
+        else:
+            return None
+        return rec
+
+    def _identity(self, e: ReplicasIdentical) -> Recovery | None:
+        changed = None
+        for rec in self.recoveries:
+            if rec.identical is None and rec.rejoined_step is not None and e.step >= rec.rejoined_step:
+                rec.identical = e.identical
+                changed = rec
+        return changed

@@ -1,0 +1,79 @@
+"""Worker failures shown in the notebook, in the cell where a person will see them.
+
+A failure reported while a cell runs is shown in that cell. One reported while no cell runs is
+held and shown at the top of the next cell's output: a frontend drops output addressed to a
+cell that has already finished. Sessions are watched as they appear (the magics' session, or
+one a cell creates itself).
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from IPython.display import display
+
+from .html import failure_html
+
+
+class FailureNotices:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._running = False
+        self._pending: list[Any] = []
+        self._watched: set[int] = set()
+        self._unsubscribe: list[Any] = []
+
+    def watch(self, session: Any) -> None:
+        with self._lock:
+            if id(session) in self._watched:
+                return
+            self._watched.add(id(session))
+        self._unsubscribe.append(session.on_failure(self.notify))
+
+    def notify(self, event: Any) -> None:
+        with self._lock:
+            if not self._running:
+                self._pending.append(event)
+                return
+        show_failure(event)
+
+    def _watch_current(self) -> None:
+        from ..session import current_session
+
+        session = current_session(create=False)
+        if session is not None:
+            self.watch(session)
+
+    def pre_run_cell(self, *_: Any) -> None:
+        self._watch_current()
+        with self._lock:
+            self._running = True
+            pending, self._pending = self._pending, []
+        for event in pending:
+            show_failure(event)
+
+    def post_run_cell(self, *_: Any) -> None:
+        self._watch_current()
+        with self._lock:
+            self._running = False
+
+    def close(self) -> None:
+        for unsubscribe in self._unsubscribe:
+            unsubscribe()
+        self._unsubscribe.clear()
+
+
+def show_failure(event: Any) -> None:
+    text = f"monarch: mesh {event.mesh!r} rank {event.rank} failed: {event.reason}"
+    display({"text/plain": text, "text/html": failure_html(event.mesh, event.rank, event.reason)}, raw=True)
+
+
+# The notices of this kernel (set while the extension is loaded).
+current: FailureNotices | None = None
+
+
+def watch_session(session: Any) -> None:
+    """Route a session's failures to notebook notices (also for a session made mid-cell)."""
+    if current is not None:
+        current.watch(session)

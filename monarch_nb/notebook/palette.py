@@ -1,0 +1,46 @@
+"""How every state looks, in one table: the health view, the dashboard and the badges share it.
+
+Each state has a background colour, a text colour, a glyph and a word, so colour is never
+the only cue (colour-blind readers, screen readers, a printed notebook). States come from two
+vocabularies defined below the notebook layer: a process's or mesh's health
+(``monarch_nb.meshes``) and a replica group's state (``monarch_nb.ft.groups``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class StateStyle:
+    background: str
+    foreground: str
+    glyph: str
+    label: str
+
+
+_RED, _GREEN, _AMBER, _BLUE, _GREY = "#d32f2f", "#2e7d32", "#f9a825", "#1565c0", "#616161"
+
+STATE_STYLES: dict[str, StateStyle] = {
+    # replica groups (monarch_nb.ft.groups.GROUP_STATES)
+    "starting": StateStyle("#b0bec5", "#102027", "\u25cc", "starting"),
+    "training": StateStyle(_GREEN, "#ffffff", "\u2713", "training"),
+    "failed": StateStyle(_RED, "#ffffff", "\u2717", "FAILED"),
+    "respawning": StateStyle(_AMBER, "#1a1a1a", "\u21bb", "respawning"),
+    "healing": StateStyle(_BLUE, "#ffffff", "\u21c4", "healing"),
+    "stopped": StateStyle(_GREY, "#ffffff", "\u25a0", "stopped"),
+    "gave_up": StateStyle("#7f0000", "#ffffff", "\u2620", "GAVE UP"),
+    "finished": StateStyle("#455a64", "#ffffff", "\u2691", "finished"),
+    # processes and meshes (monarch_nb.meshes), call outcomes
+    "alive": StateStyle(_GREEN, "#ffffff", "\u2713", "alive"),
+    "healthy": StateStyle(_GREEN, "#ffffff", "\u2713", "healthy"),
+    "degraded": StateStyle(_AMBER, "#1a1a1a", "!", "degraded"),
+    "ok": StateStyle(_GREEN, "#ffffff", "\u2713", "ok"),
+    "error": StateStyle(_RED, "#ffffff", "\u2717", "error"),
+    "missing": StateStyle(_AMBER, "#1a1a1a", "?", "missing"),
+    "unknown": StateStyle("#e0e0e0", "#1a1a1a", "?", "unknown"),
+}
+
+
+def style_of(state: str) -> StateStyle:
+    return STATE_STYLES.get(state, STATE_STYLES["unknown"])

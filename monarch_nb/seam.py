@@ -1,0 +1,176 @@
+"""Every private attribute of Monarch, torchft and torchtitan that monarch_nb touches.
+
+Public APIs are used directly everywhere else. What those libraries do not expose - a
+ranked reply carrying a remote exception as data, an actor mesh's ranks and name, the pids
+of a ProcessJob's hosts, torchft's last quorum result, torchtitan's device globals - is
+reached only through the functions below. Each has a test in ``tests/test_seam.py`` that
+checks it against the pinned version (torchmonarch 0.7.0, torchft 0.2.0, torchtitan 0.3.0),
+so an upgrade that moves one of them fails one clear test instead of degrading silently.
+
+Imports of the libraries are inside the functions: the controller imports this module
+without importing torchft or torchtitan, and workers without importing the notebook layer.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+import types
+from typing import Any, Callable
+
+# ---- Monarch (torchmonarch 0.7.0) ------------------------------------------------------------
+
+
+def open_outcome_channel() -> tuple[Any, Any]:
+    """A port for ``monarch.actor.send`` and a receiver whose ``recv()`` resolves to
+    ``(rank, ok, value)``: a rank's exception arrives as data, with its rank.
+
+    Monarch's public ``PortReceiver.ranked()`` raises a remote exception and loses which
+    rank raised it; the ranked reply's ``kind.rank`` and ``PortReceiver._process`` (which
+    decodes one reply) are private.
+    """
+    from monarch.actor import Channel, PortReceiver
+
+    class _OutcomeReceiver(PortReceiver):
+        def _process(self, msg: Any) -> tuple[int | None, bool, Any]:
+            rank = getattr(msg.kind, "rank", None)
+            try:
+                return rank, True, PortReceiver._process(self, msg)
+            except Exception as exc:  # the remote exception, delivered as data
+                return rank, False, exc
+
+    port, receiver = Channel.open()
+    return port, _OutcomeReceiver(receiver._mailbox, receiver._receiver)
+
+
+def actor_mesh_ranks(actors: Any) -> list[int]:
+    """The proc-mesh ranks an actor mesh (or a slice of one) covers, in order."""
+    return list(actors._ndslice)
+
+
+def actor_mesh_name(actors: Any) -> str:
+    """The name an actor mesh was spawned with (``proc_mesh.spawn(name, ...)``)."""
+    return str(actors._mesh_name)
+
+
+def actor_mesh_class(actors: Any) -> type | None:
+    """The Actor subclass an actor mesh runs."""
+    return getattr(actors, "_class", None)
+
+
+def actor_mesh_unique_name(actors: Any, timeout: float = 10.0) -> str:
+    """Monarch's unique name for an actor mesh ("trainer-3kEBefMLoHR"); failure reports use it."""
+    return str(actors._name.get(timeout=timeout))
+
+
+_CRASHED = re.compile(r"crashed_ranks=\[([0-9, ]*)\]")
+
+
+def failure_details(failure: Any) -> tuple[str, list[int], str]:
+    """(unique mesh name, crashed ranks, reason text) of a ``MeshFailure``.
+
+    ``mesh_name`` is public; the crashed ranks are only in the text of the report.
+    """
+    text = str(failure)
+    match = _CRASHED.search(text)
+    ranks = [int(r) for r in match.group(1).split(",") if r.strip()] if match else []
+    return str(getattr(failure, "mesh_name", "") or ""), ranks, text.split("failed:", 1)[-1].strip()
+
+
+def job_host_pids(job: Any) -> list[int]:
+    """Pids of the host processes a local ``ProcessJob`` started (they outlive a SIGKILLed
+    controller: they run in their own session, so the reaper must know them)."""
+    return [int(state.pid) for state in getattr(job, "_host_to_pid", {}).values() if getattr(state, "pid", 0)]
+
+
+# The logger Monarch's "blocking get() inside an event loop" notices come from.
+TELEMETRY_LOGGER = "monarch._src.actor.telemetry"
+
+# Where IPython finds Monarch's mesh classes by name (ActorMesh is not exported publicly).
+DISPLAY_TYPES = {
+    "ValueMesh": ("monarch._src.actor.actor_mesh", "ValueMesh"),
+    "ProcMesh": ("monarch._src.actor.proc_mesh", "ProcMesh"),
+    "ActorMesh": ("monarch._src.actor.actor_mesh", "ActorMesh"),
+}
+
+
+# ---- torchft (0.2.0) -------------------------------------------------------------------------
+
+
+class QuorumRecorder:
+    """Stands in for a Manager's ``_client`` (a ``ManagerClient``) to keep the last
+    ``_quorum`` result: membership and heal source, which the Manager does not expose."""
+
+    def __init__(self, client: Any) -> None:
+        self._client = client
+        self.last: Any = None
+
+    def _quorum(self, *args: Any, **kwargs: Any) -> Any:
+        self.last = self._client._quorum(*args, **kwargs)
+        return self.last
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._client, name)
+
+
+def record_quorums(manager: Any) -> QuorumRecorder:
+    recorder = QuorumRecorder(manager._client)
+    manager._client = recorder
+    return recorder
+
+
+def process_group_is_down(ft_pg: Any) -> bool:
+    """A torchft ProcessGroup whose inner group was aborted and not rebuilt."""
+    return getattr(ft_pg, "_pg", True) is None
+
+
+def http_transport_port(transport: Any) -> int:
+    """The port torchft's ``HTTPTransport`` checkpoint server listens on."""
+    return int(transport._server.socket.getsockname()[1])
+
+
+# ---- torchtitan (0.3.0) ----------------------------------------------------------------------
+
+
+def set_torchtitan_device(device_type: str) -> None:
+    """torchtitan reads the device type from module globals set at import ("cuda" by
+    default); point them at ours before building the model or the parallel dims."""
+    import torch
+    import torchtitan.distributed.parallel_dims as parallel_dims
+    import torchtitan.tools.utils as tt_utils
+
+    tt_utils.device_type = device_type
+    tt_utils.device_module = getattr(torch, device_type)
+    parallel_dims.device_type = device_type
+
+
+TRITON_KERNELS_MODULE = "torchtitan.distributed.minimal_async_ep.kernels"
+
+
+def stub_triton_kernels() -> bool:
+    """torchtitan 0.3.0 imports Triton MoE kernels at import time (via models.common);
+    Llama 3 never calls them. Where Triton is absent, register a stand-in module that fails
+    only if used. Returns True when the stand-in was installed."""
+    if TRITON_KERNELS_MODULE in sys.modules:
+        return False
+    try:
+        import triton  # noqa: F401
+
+        return False
+    except ImportError:
+        pass
+    stub = types.ModuleType(TRITON_KERNELS_MODULE)
+    stub.__file__ = "<monarch_nb stub: triton unavailable>"
+
+    def _unavailable(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("Triton kernels are unavailable on this platform (no triton installed)")
+
+    def _getattr(attr: str) -> Callable[..., Any]:
+        if attr.startswith("__"):
+            raise AttributeError(attr)
+        return _unavailable
+
+    stub.__getattr__ = _getattr  # type: ignore[attr-defined]
+    sys.modules[TRITON_KERNELS_MODULE] = stub
+    return True
+

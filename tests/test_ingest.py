@@ -1,0 +1,57 @@
+"""Worker telemetry -> typed events, without any process: what the trainers report when
+polled, and what the run records from it."""
+
+from __future__ import annotations
+
+from monarch_nb.ft.ingest import EventIngest, HashReport
+from monarch_nb.telemetry.events import Healed, Quorum, Rejoined, Step
+
+
+def step(t, n, committed=True, **extra):
+    return {"kind": "step", "t": t, "step": n, "loss": 2.0, "committed": committed, "tokens_per_s": 10.0,
+            "quorum_id": 1, "participants": 2, **extra}
+
+
+def test_rank_zero_speaks_for_the_groups_steps_and_quorums():
+    ingest = EventIngest(group_size=2)
+    out = ingest.translate(1, {0: {"events": [step(1.0, 5), {"kind": "quorum", "t": 0.9, "quorum_id": 3,
+                                                                 "participants": [0, 1]}]},
+                               1: {"events": [step(1.0, 5)]}})
+    assert [type(e) for e in out] == [Quorum, Step]
+    assert out[1].replica == 1 and out[1].step == 5
+
+
+def test_a_quorum_is_recorded_once_however_many_groups_report_it():
+    ingest = EventIngest(group_size=1)
+    q = {"kind": "quorum", "t": 1.0, "quorum_id": 7, "participants": [0, 1]}
+    assert len(ingest.translate(0, {0: {"events": [q]}})) == 1
+    assert ingest.translate(1, {0: {"events": [q]}}) == []
+
+
+def test_a_heal_is_recorded_once_the_last_rank_healed_with_the_bytes_summed():
+    ingest = EventIngest(group_size=2)
+    healed = {"kind": "healed", "step": 9, "source_replica": 0}
+    assert ingest.translate(2, {0: {"events": [{**healed, "t": 5.0, "bytes": 100, "seconds": 0.1}]}}) == []
+    (event,) = ingest.translate(2, {1: {"events": [{**healed, "t": 5.2, "bytes": 50, "seconds": 0.3}]}})
+    assert isinstance(event, Healed)
+    assert (event.bytes, event.seconds, event.t, event.source_replica) == (150, 0.3, 5.2, 0)
+
+
+def test_the_first_committed_step_after_a_failure_is_the_rejoin():
+    ingest = EventIngest(group_size=1)
+    ingest.expect_rejoin(1, failed_at=100.0)
+    assert [type(e) for e in ingest.translate(1, {0: {"events": [step(104.0, 20, committed=False)]}})] == [Step]
+    out = ingest.translate(1, {0: {"events": [step(105.5, 21)]}})
+    assert [type(e) for e in out] == [Step, Rejoined]
+    assert out[1].step == 21 and out[1].seconds_since_failure == 5.5
+    assert not ingest.awaiting_rejoin(1)
+    assert [type(e) for e in ingest.translate(1, {0: {"events": [step(106.0, 22)]}})] == [Step]
+
+
+def test_events_of_all_ranks_come_out_in_time_order_and_digests_as_hash_reports():
+    ingest = EventIngest(group_size=2)
+    digest = {"kind": "hashes", "step": 4, "params": "p", "optim": "o"}
+    out = ingest.translate(0, {0: {"events": [step(2.0, 4), {**digest, "t": 2.1}]},
+                               1: {"events": [{**digest, "t": 1.5}]}})
+    assert [type(e) for e in out] == [HashReport, Step, HashReport]
+    assert [(h.rank, h.step) for h in out if isinstance(h, HashReport)] == [(1, 4), (0, 4)]

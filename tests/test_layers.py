@@ -1,0 +1,112 @@
+"""The layer map, checked on the source: imports only point down (notebook -> ft -> controller
+-> telemetry), no import loops, Monarch/torchft/torchtitan internals only in the seam module,
+and one definition of a recovery."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+PKG = Path(__file__).resolve().parent.parent / "monarch_nb"
+
+# Layer of each module, top to bottom; a module may import its own layer or lower ones.
+SURFACE, NOTEBOOK, FT, CONTROLLER, TELEMETRY = 4, 3, 2, 1, 0
+
+
+def layer_of(module: str) -> int:
+    parts = module.split(".")
+    if parts[1:2] == ["notebook"]:
+        return NOTEBOOK
+    if parts[1:2] == ["ft"]:
+        return FT
+    if parts[1:2] == ["telemetry"]:
+        return TELEMETRY
+    if parts[1:2] in (["cli"], ["execute"]) or module == "monarch_nb":
+        return SURFACE  # the package root wires the layers (views registry, lazy exports)
+    return CONTROLLER
+
+
+def modules() -> dict[str, Path]:
+    out = {}
+    for path in PKG.rglob("*.py"):
+        rel = path.relative_to(PKG.parent).with_suffix("")
+        name = ".".join(rel.parts)
+        out[name.removesuffix(".__init__")] = path
+    return out
+
+
+def imports_of(module: str, path: Path) -> set[str]:
+    """Every monarch_nb module imported anywhere in ``path`` (lazy imports too)."""
+    package = module if path.name == "__init__.py" else module.rsplit(".", 1)[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name.startswith("monarch_nb")}
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            if target.startswith("monarch_nb"):
+                known = modules()
+                submodules = {f"{target}.{a.name}" for a in node.names if f"{target}.{a.name}" in known}
+                found |= submodules
+                if len(submodules) < len(node.names):  # names defined in the module itself
+                    found.add(target)
+    return found
+
+
+def test_imports_only_point_down_the_layer_map():
+    upward = []
+    for module, path in modules().items():
+        for target in imports_of(module, path):
+            if layer_of(target) > layer_of(module):
+                upward.append(f"{module} -> {target}")
+    assert not upward, upward
+
+
+def test_no_import_loops_between_modules():
+    mods = modules()
+    graph = {m: {t for t in imports_of(m, p) if t in mods and t != m and not mods[t].name == "__init__.py"}
+             for m, p in mods.items() if p.name != "__init__.py"}
+    seen, stack, loops = set(), [], []
+
+    def visit(m: str) -> None:
+        if m in stack:
+            loops.append(stack[stack.index(m):] + [m])
+            return
+        if m in seen:
+            return
+        seen.add(m)
+        stack.append(m)
+        for t in sorted(graph.get(m, ())):
+            visit(t)
+        stack.pop()
+
+    for m in sorted(graph):
+        visit(m)
+    assert not loops, loops
+
+
+PRIVATE = re.compile(r"monarch\._src|\._(ndslice|mesh_name|host_to_pid|mailbox|receiver|client|quorum|pg|server|"
+                     r"name_str|actor_mesh|class)\b|\.device_type\s*=(?!=)")
+
+
+def test_dependency_internals_only_in_the_seam_module():
+    offenders = []
+    for path in PKG.rglob("*.py"):
+        if path.name == "seam.py":
+            continue
+        for n, line in enumerate(path.read_text().splitlines(), 1):
+            code = line.split("#", 1)[0]
+            if PRIVATE.search(code) and not re.search(r"self\._(client|pg|server|class)\b", code):
+                offenders.append(f"{path.relative_to(PKG)}:{n}: {line.strip()}")
+    assert not offenders, offenders
+
+
+def test_one_class_recovery():
+    found = [str(p.relative_to(PKG)) for p in PKG.rglob("*.py") if re.search(r"^class Recovery\b", p.read_text(), re.M)]
+    assert found == ["ft/recovery.py"]

@@ -1,0 +1,180 @@
+"""Every private attribute of Monarch, torchft and torchtitan that monarch_nb touches, checked
+against the pinned versions: each test exercises one function of ``monarch_nb.seam`` on the
+real library and asserts it does what the rest of the package relies on. An upgrade that moves
+one of them fails here, by name, instead of degrading silently elsewhere."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+import signal
+from datetime import timedelta
+
+import pytest
+from monarch.actor import Actor, current_rank, endpoint
+
+from monarch_nb import _runtime, seam
+from monarch_nb.calls import receive
+from proc_checks import assert_gone, wait_for
+
+
+class Echo(Actor):
+    @endpoint
+    def rank_or_raise(self, bad: int) -> int:
+        if current_rank().rank == bad:
+            raise ValueError(f"rank {bad} raised")
+        return current_rank().rank
+
+
+# ---- Monarch -----------------------------------------------------------------------------------
+
+
+def test_outcome_channel_delivers_each_ranks_value_or_exception_with_its_rank(session):
+    session.up("main", procs=3)
+    echo = session.spawn("echo", Echo)
+    outcomes = {rank: (ok, value) for rank, ok, value in receive(echo.rank_or_raise, (1,), {}, 3, 30.0)}
+    assert set(outcomes) == {0, 1, 2}
+    assert outcomes[0] == (True, 0) and outcomes[2] == (True, 2)
+    ok, err = outcomes[1]
+    assert not ok and "rank 1 raised" in str(err)
+
+
+def test_actor_mesh_ranks_name_class_and_unique_name(session):
+    session.up("main", procs=3)
+    echo = session.spawn("echo", Echo)
+    assert seam.actor_mesh_ranks(echo) == [0, 1, 2]
+    assert seam.actor_mesh_ranks(echo.slice(gpus=slice(1, 3))) == [1, 2]
+    assert seam.actor_mesh_name(echo) == "echo"
+    assert seam.actor_mesh_class(echo) is Echo
+    unique = seam.actor_mesh_unique_name(echo)
+    assert unique.startswith("echo-") and len(unique) > len("echo-")
+
+
+def test_mesh_failure_names_the_actor_mesh_and_the_crashed_rank(session):
+    mesh = session.up("main", procs=2)
+    echo = session.spawn("echo", Echo)
+    unique = seam.actor_mesh_unique_name(echo)
+    seen = []
+    remove = _runtime.add_fault_listener(lambda failure: seen.append(seam.failure_details(failure)))
+    try:
+        os.kill(mesh.procs[1].pid, signal.SIGKILL)
+        ours = wait_for(lambda: [d for d in seen if d[0] == unique], 15, "a MeshFailure for the echo mesh")
+    finally:
+        remove()
+    name, ranks, reason = ours[0]
+    assert ranks == [1] and "sig" in reason.lower()
+
+
+def test_process_job_exposes_the_pids_of_its_host_processes():
+    from monarch.job import ProcessJob
+
+    job = ProcessJob({"hosts": 2})
+    job.state(cached_path=None)
+    pids = seam.job_host_pids(job)
+    try:
+        assert len(pids) == 2 and all(wait_for(lambda p=p: os.path.exists(f"/proc/{p}"), 5, "host") for p in pids)
+    finally:
+        job.kill()
+    assert_gone(pids)
+
+
+def test_display_types_name_monarchs_mesh_classes():
+    for name, (module, cls) in seam.DISPLAY_TYPES.items():
+        assert getattr(importlib.import_module(module), cls).__name__ == name
+
+
+# ---- torchft ----------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def manager():
+    """A real torchft Manager (rank 0 of a one-process group) against a real Lighthouse."""
+    import torchft
+    from torch.distributed import TCPStore
+
+    from monarch_nb.ft.lighthouse import Lighthouse
+
+    lighthouse = Lighthouse().start()
+    store = TCPStore("127.0.0.1", 0, world_size=None, is_master=True, wait_for_workers=False)
+    pg = torchft.ProcessGroupGloo(timeout=timedelta(seconds=10))
+    mgr = torchft.Manager(pg=pg, load_state_dict=lambda s: None, state_dict=lambda: {}, min_replica_size=1,
+                          use_async_quorum=False, timeout=timedelta(seconds=10), rank=0, world_size=1,
+                          store_addr="127.0.0.1", store_port=store.port, lighthouse_addr=lighthouse.address,
+                          replica_id="replica_0", hostname="127.0.0.1", init_sync=False)
+    try:
+        yield mgr, pg
+    finally:
+        mgr.shutdown(wait=False)
+        lighthouse.stop()
+
+
+def test_quorum_recorder_keeps_the_managers_last_quorum_result(manager):
+    mgr, pg = manager
+    recorder = seam.record_quorums(mgr)
+    mgr.start_quorum()
+    q = recorder.last
+    assert q is not None and q.quorum_id >= 1
+    assert list(q.replica_ids)[0].startswith("replica_0") and q.recover_src_replica_rank is None
+    assert not seam.process_group_is_down(pg)
+    pg.abort()
+    assert seam.process_group_is_down(pg)
+
+
+def test_http_transport_port_is_where_its_checkpoint_server_listens():
+    import socket
+
+    from torchft.checkpointing.http_transport import HTTPTransport
+
+    transport = HTTPTransport(timeout=timedelta(seconds=5), num_chunks=0)
+    try:
+        port = seam.http_transport_port(transport)
+        with socket.create_connection(("127.0.0.1", port), timeout=5):
+            pass
+    finally:
+        transport.shutdown(wait=False)
+
+
+# ---- torchtitan -------------------------------------------------------------------------------
+
+
+def test_torchtitan_device_globals_follow_ours():
+    seam.stub_triton_kernels()
+    import torchtitan.distributed.parallel_dims as parallel_dims
+    import torchtitan.tools.utils as tt_utils
+
+    seam.set_torchtitan_device("cpu")
+    assert tt_utils.device_type == "cpu" and parallel_dims.device_type == "cpu"
+
+
+def test_triton_stub_stands_for_the_module_torchtitan_imports():
+    assert importlib.util.find_spec("torchtitan.distributed.minimal_async_ep") is not None
+    seam.stub_triton_kernels()
+    from torchtitan.models.common import ScaledDotProductAttention  # the import that needs it
+
+    assert ScaledDotProductAttention is not None
+
+
+def test_blocking_get_notices_come_from_the_named_logger_and_the_kernel_drops_them():
+    import logging
+
+    from monarch._src.actor.telemetry import log_with_tracing  # what Monarch's Future.get() calls
+
+    from monarch_nb.notebook.extension import quiet_blocking_get
+
+    records = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            records.append(record.getMessage())
+
+    logger = logging.getLogger(seam.TELEMETRY_LOGGER)
+    handler = Keep()
+    logger.addHandler(handler)
+    try:
+        log_with_tracing(logging.WARNING, "probe from monarch_nb's seam test")
+        quiet_blocking_get()
+        log_with_tracing(logging.WARNING, "Future.get() called from within an active event loop")
+    finally:
+        logger.removeHandler(handler)
+    assert len(records) == 1 and records[0].endswith("probe from monarch_nb's seam test"), records
