@@ -4,7 +4,8 @@
 #
 #   ./run.sh lab     set up, then start JupyterLab on 127.0.0.1 with notebooks/ and the Monarch kernel
 #   ./run.sh demo    set up, then run the fault-tolerant training notebook headless (writes runs/ and an output notebook)
-#   ./run.sh test    set up, then run the whole test suite (what .ci/run calls)
+#   ./run.sh test    set up, start the local SLURM cluster, run the whole test suite, stop the cluster
+#   ./run.sh slurm up|down|status   a real one-machine SLURM cluster (2 virtual nodes) for notebooks/05
 #   ./run.sh setup   only set up
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -67,8 +68,16 @@ case "$cmd" in
     exec "$VENV/bin/monarch-nb" execute notebooks/02_fault_tolerant_training.ipynb -o "$out" "$@" ;;
   test)
     setup_python; setup_browser
+    log "starting the local SLURM cluster for the cluster tests"
+    scripts/slurm_cluster.sh up
+    trap 'scripts/slurm_cluster.sh down >/dev/null 2>&1 || true' EXIT
     log "running the test suite"
-    exec "$PY" -m pytest "$@" ;;
+    MONARCH_NB_REQUIRE_SLURM=1 "$PY" -m pytest "$@" ;;
+  slurm)
+    # `up` also sets up the environment: it is all a fresh machine needs before
+    # `.venv/bin/monarch-nb execute notebooks/05_cluster.ipynb`.
+    [ "${1:-status}" = up ] && setup_python
+    exec scripts/slurm_cluster.sh "${1:-status}" ;;
   *)
-    sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+    sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
 esac
