@@ -1,7 +1,8 @@
 """Process-wide Monarch setup that must happen before ``monarch`` is first imported.
 
 Workers inherit the controller's environment, so the supervision poll (Monarch's default
-is 10 s; 1 s gives ~1 s failure detection) and gloo's loopback interface are set here once.
+is 10 s; 1 s gives ~1 s failure detection) is set here once; gloo's loopback interface is
+set per mesh, only for hosts on this machine (``LOOPBACK_ENV``).
 Monarch's default ``unhandled_fault_hook`` exits the client (it would kill the notebook
 kernel when any worker dies); we replace it with a dispatcher that fans failures out to
 listeners and always returns normally, which tells Monarch the fault was handled.
@@ -17,8 +18,13 @@ from typing import Any, Callable
 
 DEFAULT_ENV = {
     "HYPERACTOR_MESH_SUPERVISION_POLL_FREQUENCY": "1s",
-    "GLOO_SOCKET_IFNAME": "lo",
+    # A proc that reports no state for this long is failed: calls into a cancelled SLURM
+    # allocation raise after ~5.5 s instead of ~61 s (Monarch's default).
+    "HYPERACTOR_MESH_GET_PROC_STATE_MAX_IDLE": "5s",
 }
+# For workers whose hosts are all this machine (set per mesh, never for remote hosts, where
+# gloo must use a real interface).
+LOOPBACK_ENV = {"GLOO_SOCKET_IFNAME": "lo"}
 
 FaultListener = Callable[[Any], None]
 _listeners: list[FaultListener] = []

@@ -24,6 +24,8 @@ class ProcIdentity:
     rank: int
     pid: int
     host: str
+    job_id: str | None = None  # SLURM_JOB_ID when SLURM started the process
+    node: str | None = None  # SLURMD_NODENAME: the scheduler's name for this node
 
 
 @dataclass(frozen=True)
@@ -65,7 +67,8 @@ class ProcAgent(Actor):
         # later calls may arrive through a slice, where current_rank() is slice-local.
         if self._mesh_rank is None:
             self._mesh_rank = current_rank().rank
-        return ProcIdentity(rank=self._mesh_rank, pid=os.getpid(), host=socket.gethostname())
+        return ProcIdentity(rank=self._mesh_rank, pid=os.getpid(), host=socket.gethostname(),
+                            job_id=os.environ.get("SLURM_JOB_ID"), node=os.environ.get("SLURMD_NODENAME"))
 
     @endpoint
     def run_cell(self, code: str, push: dict[str, Any] | None = None) -> CellOutput:

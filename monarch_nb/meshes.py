@@ -1,7 +1,7 @@
 """What the controller knows about one process mesh: its shape, processes and their health.
 
-A ``MeshHandle`` wraps a real Monarch ``ProcMesh`` (and, for multi-host meshes, the job
-that owns its hosts). Health is kept per process: Monarch supervision marks a rank failed
+A ``MeshHandle`` wraps a real Monarch ``ProcMesh`` (and, when its hosts came from a job - a
+local ProcessJob, a SLURM allocation, Kubernetes pods - that allocation). Health is kept per process: Monarch supervision marks a rank failed
 (see ``Session``), and ``refresh()`` also checks local pids, so ``status`` is truthful
 even for a process that died while nothing was calling it.
 """
@@ -23,6 +23,8 @@ class ProcInfo:
     coords: dict[str, int]
     pid: int | None = None
     host: str | None = None
+    job_id: str | None = None  # the scheduler's job holding this process (SLURM_JOB_ID)
+    node: str | None = None  # the scheduler's name for its node (SLURMD_NODENAME)
     state: str = ALIVE
     reason: str = ""
 
@@ -54,7 +56,8 @@ class MeshHandle:
     name: str
     shape: dict[str, int]
     proc_mesh: Any
-    job: Any = None
+    job: Any = None  # what Session.up was asked for (replace asks again)
+    allocation: Any = None  # monarch_nb.jobs.Allocation when the hosts came from a job
     env: dict[str, str] | None = None
     procs: list[ProcInfo] = field(default_factory=list)
     actors: dict[str, Any] = field(default_factory=dict)

@@ -1,14 +1,16 @@
-"""Orphan reaper: kills a controller's worker processes if the controller dies uncleanly.
+"""Orphan reaper: releases what a controller holds if the controller dies uncleanly.
 
 Local Monarch workers die with their controller, but ProcessJob "hosts" run in their own
-session (they outlive a SIGKILLed kernel). The Session starts this small watchdog in a
-separate session; the controller appends root pids to a file, the reaper tracks them and
-their descendants, and SIGKILLs all of them once the controller is gone. A clean shutdown
-terminates the reaper first, so it never kills anything in normal operation.
+session (they outlive a SIGKILLed kernel), and a SLURM allocation lives until it is
+cancelled. The Session starts this small watchdog in a separate session; the controller
+appends what to guard to a file - root pids (killed with their descendants) and commands
+(``scancel JOB``) - and once the controller is gone the reaper kills the pids and runs the
+commands. A clean shutdown terminates the reaper first, so it never acts in normal operation.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -22,18 +24,20 @@ POLL_S = 0.25
 
 
 class Reaper:
-    """Controller side: starts the watchdog lazily and tells it which pids to guard."""
+    """Controller side: starts the watchdog lazily and tells it what to guard."""
 
     def __init__(self) -> None:
         self._proc: subprocess.Popen | None = None
-        fd, self.pidfile = tempfile.mkstemp(prefix="monarch_nb_reaper_", suffix=".pids")
+        fd, self.pidfile = tempfile.mkstemp(prefix="monarch_nb_reaper_", suffix=".jsonl")
         os.close(fd)
 
-    def guard(self, pids: list[int]) -> None:
-        if not pids:
+    def guard(self, pids: list[int], commands: list[list[str]] | None = None) -> None:
+        """Kill ``pids`` (and their children) and run ``commands`` if this process dies."""
+        lines = [{"pid": p} for p in pids] + [{"run": c} for c in commands or []]
+        if not lines:
             return
         with open(self.pidfile, "a") as f:
-            f.write("".join(f"{p}\n" for p in pids))
+            f.write("".join(json.dumps(line) + "\n" for line in lines))
         if self._proc is None or self._proc.poll() is not None:
             self._proc = subprocess.Popen(
                 [sys.executable, "-m", "monarch_nb.reaper", str(os.getpid()), self.pidfile],
@@ -55,18 +59,31 @@ class Reaper:
             pass
 
 
-def _read_roots(pidfile: str) -> set[int]:
+def _read(pidfile: str) -> tuple[set[int], list[list[str]]]:
+    pids: set[int] = set()
+    commands: list[list[str]] = []
     try:
         with open(pidfile) as f:
-            return {int(line) for line in f if line.strip()}
+            for line in f:
+                try:
+                    item = json.loads(line)
+                except json.JSONDecodeError:
+                    continue  # a line being written: read it next round
+                if "pid" in item:
+                    pids.add(int(item["pid"]))
+                elif "run" in item and item["run"] not in commands:
+                    commands.append([str(a) for a in item["run"]])
     except OSError:
-        return set()
+        pass
+    return pids, commands
 
 
 def watch(parent: int, pidfile: str) -> None:
     tracked: dict[int, float] = {}  # pid -> create_time, so a recycled pid is never killed
+    commands: list[list[str]] = []
     while True:
-        for root in _read_roots(pidfile):
+        roots, commands = _read(pidfile)
+        for root in roots:
             try:
                 proc = psutil.Process(root)
                 for p in [proc, *proc.children(recursive=True)]:
@@ -82,6 +99,12 @@ def watch(parent: int, pidfile: str) -> None:
             if proc.create_time() == created:
                 proc.send_signal(signal.SIGKILL)
         except psutil.NoSuchProcess:
+            pass
+    for command in commands:
+        try:
+            subprocess.run(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                           timeout=30)
+        except (OSError, subprocess.SubprocessError):
             pass
     try:
         os.unlink(pidfile)

@@ -85,6 +85,8 @@ def job_host_pids(job: Any) -> list[int]:
 
 # The logger Monarch's "blocking get() inside an event loop" notices come from.
 TELEMETRY_LOGGER = "monarch._src.actor.telemetry"
+# Loggers of Monarch's job launchers: INFO lines ("Submitting SLURM job ...") on every allocation.
+JOB_LOGGERS = ("monarch._src.job.slurm", "monarch._src.job.job")
 
 # Where IPython finds Monarch's mesh classes by name (ActorMesh is not exported publicly).
 DISPLAY_TYPES = {
@@ -174,3 +176,53 @@ def stub_triton_kernels() -> bool:
     sys.modules[TRITON_KERNELS_MODULE] = stub
     return True
 
+
+
+# ---- Monarch's SlurmJob on SLURM 22.05 (Debian 12) ---------------------------------------------
+
+# Terminal job states SlurmJob does not list (NODE_FAIL: a node went down under the job).
+_MORE_TERMINAL_STATES = {"NODE_FAIL", "BOOT_FAIL", "OUT_OF_MEMORY", "DEADLINE"}
+
+
+def _normalize_squeue_job(job: dict[str, Any]) -> dict[str, Any]:
+    """One job of SLURM 22.05's ``squeue --json`` in the shape SlurmJob reads: ``job_state`` a
+    list (22.05: a string), ``job_resources.nodes.allocation[i].name`` (22.05: a hostlist string
+    in ``nodes`` and the names in ``allocated_nodes[i].nodename``)."""
+    job = dict(job)
+    state = job.get("job_state")
+    states = [state] if isinstance(state, str) else list(state or [])
+    if _MORE_TERMINAL_STATES.intersection(states):
+        states.append("FAILED")
+    job["job_state"] = states
+    resources = job.get("job_resources") or {}
+    if not isinstance(resources.get("nodes"), dict):
+        allocation = [{"name": n["nodename"]} for n in resources.get("allocated_nodes") or []]
+        job["job_resources"] = dict(resources, nodes={"allocation": allocation})
+    return job
+
+
+def slurm_job(**kwargs: Any) -> Any:
+    """Monarch's ``SlurmJob`` whose private ``_get_job_info_json`` reads our job (22.05's
+    ``squeue --json`` ignores ``--job`` and lists every job it remembers, oldest first; SlurmJob
+    takes the first) in the shape SlurmJob expects. Works on newer SLURM's shape too."""
+    import json
+    import subprocess
+
+    from monarch.job import SlurmJob
+
+    class _SlurmJob(SlurmJob):
+        def _get_job_info_json(self, job_id: str) -> dict[str, Any] | None:
+            try:
+                out = subprocess.run(["squeue", "--job", str(job_id), "--json"], capture_output=True, text=True,
+                                     check=True, timeout=30).stdout
+                jobs = json.loads(out).get("jobs", []) if out.strip() else []
+            except (subprocess.SubprocessError, json.JSONDecodeError):
+                return None
+            return next((_normalize_squeue_job(j) for j in jobs if str(j.get("job_id")) == str(job_id)), None)
+
+    return _SlurmJob(**kwargs)
+
+
+def slurm_job_id(job: Any) -> str | None:
+    """The id ``sbatch`` gave a SlurmJob's allocation."""
+    return getattr(job, "_slurm_job_id", None)

@@ -35,6 +35,7 @@ log = logging.getLogger(__name__)
 FailureListener = Callable[[WorkerFailed], None]
 _NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.]*$")
 _AGENT_PREFIX = "_nb_agent_"
+JOB_WATCH_INTERVAL_S = 1.0
 _sessions: "list[weakref.ref[Session]]" = []
 
 
@@ -74,25 +75,38 @@ class Session:
             log_dir = Path(log_dir) if log_dir else runs_root() / "sessions" / f"{stamp}-{os.getpid()}-{id(self):x}"
             events = EventStore(log_dir / "events.jsonl")
         self.events = events
+        # Where this session's files go (SLURM job logs...): beside its event log.
+        self.log_dir = Path(log_dir) if log_dir else (events.path.parent if events.path else runs_root() / "sessions")
         self.meshes: dict[str, MeshHandle] = {}
         self._actor_owner: dict[str, str] = {}
         self._listeners: list[FailureListener] = []
         self._lock = threading.RLock()
         self._reaper = Reaper()
         self._closed = False
+        self._job_watch: threading.Thread | None = None
+        self._job_watch_stop = threading.Event()
         self._remove_hook = _runtime.add_fault_listener(self._on_fault)
         atexit.register(self.shutdown)
         _sessions.append(weakref.ref(self))
 
     # ---- meshes -----------------------------------------------------------------------
 
-    def up(self, name: str = "main", procs: int = 1, hosts: int = 1, *, env: dict[str, str] | None = None,
-           host_mesh: Any = None, timeout: float | None = None) -> MeshHandle:
-        """Start a proc mesh of ``procs`` processes per host.
+    def up(self, name: str = "main", procs: int = 1, hosts: int = 1, *, job: Any = None,
+           env: dict[str, str] | None = None, host_mesh: Any = None, timeout: float | None = None) -> MeshHandle:
+        """Start a proc mesh of ``procs`` processes on each of ``hosts`` hosts.
 
-        ``hosts > 1`` runs each host as a separate local process through Monarch's
-        ``ProcessJob`` (a multi-host mesh on one machine). For real clusters pass
-        ``host_mesh=`` from a Monarch job, e.g. ``SlurmJob(...).state().hosts``.
+        Args:
+            name: the mesh's name in this session (letters, digits, ``_``, ``.``).
+            procs: processes per host (Monarch dim ``gpus``).
+            hosts: hosts (Monarch dim ``hosts``).
+            job: where the hosts come from. None or "local": this machine (``hosts > 1`` runs
+                each host as a separate local process through Monarch's ``ProcessJob``);
+                "process"; "slurm" or a :class:`monarch_nb.jobs.SlurmSpec` (a SLURM
+                allocation of ``hosts`` nodes, released by ``down``); a
+                :class:`monarch_nb.jobs.KubernetesSpec`.
+            env: environment variables for the worker processes.
+            host_mesh: hosts you allocated yourself (a Monarch ``HostMesh``); overrides ``job``.
+            timeout: seconds to wait for the workers to answer (default: the session's).
         """
         self._check_open()
         if not isinstance(name, str) or not _NAME_RE.match(name):
@@ -107,23 +121,25 @@ class Session:
                                      f"or replace it with `%monarch replace {name}`")
         from monarch.actor import this_host
 
-        started = time.monotonic()
-        job = None
-        if host_mesh is None and hosts > 1:
-            from monarch.job import ProcessJob
+        from . import jobs
 
-            job = ProcessJob({"hosts": hosts}, env=env)
-            host_mesh = job.state(cached_path=None).hosts
-        elif host_mesh is None:
-            host_mesh = this_host()
-        bootstrap = functools.partial(_apply_env, dict(env)) if env else None
-        proc_mesh = host_mesh.spawn_procs(per_host={"gpus": procs}, bootstrap=bootstrap, name=name)
-        shape = {k: int(v) for k, v in zip(proc_mesh.extent.labels, proc_mesh.extent.sizes)}
-        handle = MeshHandle(name=name, shape=shape, proc_mesh=proc_mesh, job=job, env=env)
-        handle.procs = [ProcInfo(rank=r, coords=coords_of(r, shape)) for r in range(handle.size)]
+        started = time.monotonic()
+        allocation = None
+        if host_mesh is None:
+            allocation = jobs.allocate(job, hosts=hosts, procs=procs, name=name, log_dir=self.log_dir, env=env)
+            host_mesh = allocation.start() if allocation is not None else this_host()
+        local = allocation is None or allocation.local
+        # Hosts of this machine talk over loopback (gloo would pick an interface by hostname).
+        worker_env = {**(_runtime.LOOPBACK_ENV if local else {}), **(env or {})}
+        handle = MeshHandle(name=name, shape={}, proc_mesh=None, job=job, allocation=allocation, env=env)
         with self._lock:
             self.meshes[name] = handle
         try:
+            bootstrap = functools.partial(_apply_env, worker_env) if worker_env else None
+            handle.proc_mesh = host_mesh.spawn_procs(per_host={"gpus": procs}, bootstrap=bootstrap, name=name)
+            extent = handle.proc_mesh.extent
+            handle.shape = {k: int(v) for k, v in zip(extent.labels, extent.sizes)}
+            handle.procs = [ProcInfo(rank=r, coords=coords_of(r, handle.shape)) for r in range(handle.size)]
             from .agent import ProcAgent
 
             handle.agent = self._spawn_on(handle, _AGENT_PREFIX + name, ProcAgent, (), {})
@@ -131,15 +147,18 @@ class Session:
             ids = raise_for_outcome(gather(handle.agent.identity, f"{name}.identity", (), {},
                                            list(range(handle.size)), wait), wait)
             for rank, ident in ids:
-                handle.procs[rank].pid, handle.procs[rank].host = ident.pid, ident.host
+                proc = handle.procs[rank]
+                proc.pid, proc.host, proc.job_id, proc.node = ident.pid, ident.host, ident.job_id, ident.node
         except BaseException:
-            self.down(name)
+            self.down(name, kill=True)
             raise
-        guard = [p.pid for p in handle.procs if p.pid]
-        if job is not None:
-            guard += seam.job_host_pids(job)
-        self._reaper.guard(guard)
-        self.events.append(MeshUp(mesh=name, shape=shape, seconds=time.monotonic() - started))
+        if local:
+            self._reaper.guard([p.pid for p in handle.procs if p.pid])
+        if allocation is not None:
+            self._reaper.guard(allocation.pids(), commands=allocation.reaper_commands())
+            if allocation.status() is not None:
+                self._watch_jobs()
+        self.events.append(MeshUp(mesh=name, shape=handle.shape, seconds=time.monotonic() - started))
         return handle
 
     def mesh(self, name: str | None = None) -> MeshHandle:
@@ -198,8 +217,8 @@ class Session:
         specs = list(old.actor_specs.values())
         procs = old.shape.get("gpus", 1)
         hosts = old.shape.get("hosts", 1)
-        self.down(name)
-        new = self.up(name, procs=procs, hosts=hosts, env=old.env, timeout=timeout)
+        self.down(name, kill=old.state != "healthy")
+        new = self.up(name, procs=procs, hosts=hosts, job=old.job, env=old.env, timeout=timeout)
         for spec in specs:
             self.spawn(spec.name, spec.cls, *spec.args, mesh=name, **spec.kwargs)
         return new
@@ -225,24 +244,64 @@ class Session:
             self.events.append(MeshDown(mesh=mesh_name))
 
     def _stop(self, handle: MeshHandle, timeout: float, kill: bool = False) -> None:
+        """Stop a mesh's processes. Monarch's polite stop is asked only of a mesh that can answer
+        it: not after a kill, and not when every rank is known dead (it would wait ``timeout``)."""
         handle.stopped = True
         local = socket.gethostname()
         local_pids = [p.pid for p in handle.procs if p.pid and p.host == local]
+        allocation = handle.allocation
+        can_answer = bool(handle.healthy_ranks) or not handle.procs
         if kill:
             _ensure_gone(local_pids, timeout=0)
-        try:
-            handle.proc_mesh.stop().get(timeout=timeout)
-        except Exception as exc:  # a damaged mesh may fail to stop cleanly; the pids are checked below
-            log.debug("stopping mesh %s: %s", handle.name, exc)
-        if handle.job is not None:
+            if allocation is not None:
+                allocation.release()  # the scheduler takes the processes down with the allocation
+        if handle.proc_mesh is not None and can_answer and not kill:
             try:
-                handle.job.kill()
+                handle.proc_mesh.stop().get(timeout=timeout)
+            except Exception as exc:  # a damaged mesh may fail to stop cleanly; the pids are checked below
+                log.debug("stopping mesh %s: %s", handle.name, exc)
+        if allocation is not None:
+            try:
+                allocation.release()
             except Exception as exc:
-                log.debug("killing job of %s: %s", handle.name, exc)
+                log.warning("releasing the %s allocation of mesh %s: %s", allocation.kind, handle.name, exc)
         _ensure_gone(local_pids, timeout)
         for proc in handle.procs:
             if proc.state == ALIVE:
                 proc.state = "stopped"
+
+    # ---- scheduler jobs --------------------------------------------------------------------
+
+    def _watch_jobs(self) -> None:
+        """Start (once) the thread that asks the scheduler about every allocation each second:
+        a preempted or cancelled allocation, or a node gone down under it, fails its mesh's
+        ranks at once instead of after Monarch's supervision timeouts."""
+        with self._lock:
+            if self._job_watch is not None and self._job_watch.is_alive():
+                return
+            self._job_watch = threading.Thread(target=self._job_watch_loop, name="monarch_nb-job-watch", daemon=True)
+            self._job_watch.start()
+
+    def _job_watch_loop(self) -> None:
+        while not self._job_watch_stop.wait(JOB_WATCH_INTERVAL_S):
+            with self._lock:
+                watched = [h for h in self.meshes.values() if h.allocation is not None and not h.stopped
+                           and h.healthy_ranks]
+            for handle in watched:
+                try:
+                    status = handle.allocation.status()
+                except Exception as exc:  # the scheduler did not answer: try again next round
+                    log.debug("status of %s: %s", handle.name, exc)
+                    continue
+                if status is None or status.running or handle.stopped:
+                    continue
+                reason = status.describe(handle.allocation.kind.upper() if handle.allocation.kind != "slurm"
+                                         else "SLURM")
+                for rank in list(handle.healthy_ranks):
+                    if handle.mark_failed(rank, reason):
+                        self._record_failure(handle, rank, reason)
+            if not watched and not any(h.allocation is not None for h in self.snapshot()):
+                return
 
     def status(self) -> list[MeshHandle]:
         """Every mesh, with health refreshed (pid checks catch deaths nobody has called into)."""
@@ -329,6 +388,7 @@ class Session:
         try:
             self.down()
         finally:
+            self._job_watch_stop.set()
             self._remove_hook()
             self._reaper.close()
             self.events.close()
@@ -356,7 +416,8 @@ class Session:
             lines.append(f"mesh {h.name} ({dims}) {h.state}")
             for p in h.procs:
                 extra = f"  {p.reason}" if p.reason else ""
-                lines.append(f"  rank {p.rank:<3} {p.label:<18} {p.state:<8} pid {p.pid} host {p.host}{extra}")
+                job = f" job {p.job_id} node {p.node}" if p.job_id else ""
+                lines.append(f"  rank {p.rank:<3} {p.label:<18} {p.state:<8} pid {p.pid} host {p.host}{job}{extra}")
         return "\n".join(lines)
 
 
@@ -380,11 +441,16 @@ class DeadlineEndpoint:
         view = self._view
         ranks, failed, owner = self._targets()
         local_live = [i for i, r in enumerate(ranks) if r not in failed]
-        result = gather(self._endpoint, self._label, args, kwargs, local_live, view.timeout)
+        index = {r: i for i, r in enumerate(ranks)}
+
+        def dead() -> set[int]:  # ranks that died during the call: stop waiting for them
+            return {index[r] for r in owner.failed_ranks if r in index} if owner else set()
+
+        result = gather(self._endpoint, self._label, args, kwargs, local_live, view.timeout, dead)
         # Report in the proc mesh's global ranks, and count known-dead ranks as missing.
         result.values = {ranks[i]: v for i, v in result.values.items()}
         result.errors = {ranks[i]: e for i, e in result.errors.items()}
-        result.missing = sorted([ranks[i] for i in result.missing] + sorted(failed))
+        result.missing = sorted(set([ranks[i] for i in result.missing]) | failed)
         result.ranks = ranks
         if result.missing:
             view.session.events.append(CallTimedOut(mesh=owner.name if owner else "?", endpoint=result.endpoint,

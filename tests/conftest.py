@@ -40,3 +40,55 @@ def session():
     assert_gone(pids)
 
 
+
+
+def _slurm_up() -> str | None:
+    """None when the local SLURM cluster answers, else why not."""
+    import shutil
+    import subprocess
+
+    if shutil.which("sinfo") is None:
+        return "SLURM is not installed"
+    out = subprocess.run(["sinfo", "-h", "-o", "%t"], capture_output=True, text=True, timeout=30)
+    states = out.stdout.split()
+    if out.returncode != 0 or not states:
+        return f"the SLURM controller does not answer: {out.stderr.strip()}"
+    return None
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster():
+    """The real one-machine SLURM cluster (`./run.sh slurm up`; `./run.sh test` starts it).
+
+    Under `./run.sh test` (MONARCH_NB_REQUIRE_SLURM=1) a missing cluster fails the tests; a bare
+    `pytest` skips them with how to start it. Afterwards no job of ours may be left in squeue."""
+    import subprocess
+
+    why = _slurm_up()
+    if why is not None:
+        if os.environ.get("MONARCH_NB_REQUIRE_SLURM"):
+            pytest.fail(f"{why}; ./run.sh test starts the cluster with scripts/slurm_cluster.sh up")
+        pytest.skip(f"{why}: start the local cluster with `./run.sh slurm up`")
+    yield
+    subprocess.run(["scontrol", "update", "nodename=ALL", "state=resume"], capture_output=True)
+    left = subprocess.run(["squeue", "-h", "-o", "%i %j"], capture_output=True, text=True).stdout.split("\n")
+    ours = [line for line in left if "monarch_nb-" in line]
+    assert not ours, f"SLURM jobs left behind: {ours}"
+
+
+@pytest.fixture
+def kernel():
+    """A real Monarch kernel (the kernelspec in kernels/monarch) and a blocking client."""
+    from jupyter_client.manager import KernelManager
+
+    km = KernelManager(kernel_name="monarch")
+    km.start_kernel()
+    client = km.blocking_client()
+    client.start_channels()
+    client.wait_for_ready(timeout=120)
+    yield km, client
+    client.stop_channels()
+    if km.is_alive():
+        km.shutdown_kernel(now=True)
+
+

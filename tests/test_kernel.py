@@ -8,32 +8,17 @@ import sys
 import textwrap
 
 import pytest
-from jupyter_client.manager import KernelManager
 
+from kernel_client import run_in_kernel as run
 from proc_checks import assert_gone, wait_for
 
 PIDS_CODE = """
 import json, monarch_nb
 _s = monarch_nb.current_session()
 _pids = [p.pid for h in _s.meshes.values() for p in h.procs]
-_pids += [st.pid for h in _s.meshes.values() if h.job for st in h.job._host_to_pid.values()]
+_pids += [pid for h in _s.meshes.values() if h.allocation for pid in h.allocation.pids()]
 print("PIDS" + json.dumps(_pids))
 """
-
-
-def run(client, code, timeout=120):
-    outputs = []
-
-    def hook(msg):
-        if msg["msg_type"] == "stream":
-            outputs.append(msg["content"]["text"])
-        elif msg["msg_type"] in ("display_data", "execute_result"):
-            outputs.append(msg["content"]["data"].get("text/plain", ""))
-        elif msg["msg_type"] == "error":
-            outputs.append("ERROR " + msg["content"]["ename"] + ": " + msg["content"]["evalue"])
-
-    reply = client.execute_interactive(code, timeout=timeout, output_hook=hook)
-    return reply["content"]["status"], "".join(outputs)
 
 
 def worker_pids(client):
@@ -41,19 +26,6 @@ def worker_pids(client):
     assert status == "ok", out
     line = next(ln for ln in out.splitlines() if ln.startswith("PIDS"))
     return json.loads(line[4:])
-
-
-@pytest.fixture
-def kernel():
-    km = KernelManager(kernel_name="monarch")
-    km.start_kernel()
-    client = km.blocking_client()
-    client.start_channels()
-    client.wait_for_ready(timeout=120)
-    yield km, client
-    client.stop_channels()
-    if km.is_alive():
-        km.shutdown_kernel(now=True)
 
 
 def bring_up_local_and_multihost(client):
@@ -116,7 +88,7 @@ def test_interpreter_exit_leaves_no_worker_behind(tmp_path):
         s = monarch_nb.Session()
         a = s.up("main", procs=2)
         b = s.up("cluster", procs=1, hosts=2)
-        pids = [p.pid for h in (a, b) for p in h.procs] + [st.pid for st in b.job._host_to_pid.values()]
+        pids = [p.pid for h in (a, b) for p in h.procs] + b.allocation.pids()
         print(json.dumps(pids), flush=True)
     """)
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=180,

@@ -178,3 +178,40 @@ def test_blocking_get_notices_come_from_the_named_logger_and_the_kernel_drops_th
     finally:
         logger.removeHandler(handler)
     assert len(records) == 1 and records[0].endswith("probe from monarch_nb's seam test"), records
+
+
+# ---- Monarch's SlurmJob on SLURM 22.05 ---------------------------------------------------------
+
+
+@pytest.mark.slurm
+def test_slurm_job_reads_our_job_from_squeue_json_among_others(slurm_cluster):
+    import subprocess
+
+    from monarch.job import SlurmJob
+
+    assert callable(getattr(SlurmJob, "_get_job_info_json", None))  # the method we override
+    ids = [subprocess.run(["sbatch", "--parsable", "-J", "monarch_nb-seam-test", "--wrap", "sleep 60"],
+                          capture_output=True, text=True, check=True).stdout.strip() for _ in range(2)]
+    try:
+        job = seam.slurm_job(meshes={"hosts": 1})
+        wait_for(lambda: job._get_job_info_json(ids[1]) and "RUNNING" in job._get_job_info_json(ids[1])["job_state"],
+                 30, "the second job to run")
+        info = job._get_job_info_json(ids[1])
+        assert str(info["job_id"]) == ids[1]  # not the first job squeue lists
+        assert [n["name"] for n in info["job_resources"]["nodes"]["allocation"]][0] in ("n1", "n2")
+        assert seam.slurm_job_id(job) is None  # not applied: no job of its own
+    finally:
+        subprocess.run(["scancel", *ids])
+    # job_state is a list, as SlurmJob's terminal-state checks expect (22.05 gives a string)
+    wait_for(lambda: "CANCELLED" in (job._get_job_info_json(ids[0]) or {}).get("job_state", []), 15,
+             "squeue to list the first job as CANCELLED")
+
+
+def test_squeue_22_05_job_shape_is_mapped_to_what_slurm_job_reads():
+    job = {"job_id": 7, "job_state": "NODE_FAIL", "job_resources": {"nodes": "n[1-2]", "allocated_nodes": [
+        {"nodename": "n1"}, {"nodename": "n2"}]}}
+    out = seam._normalize_squeue_job(job)
+    assert out["job_state"] == ["NODE_FAIL", "FAILED"]  # terminal for SlurmJob too
+    assert out["job_resources"]["nodes"] == {"allocation": [{"name": "n1"}, {"name": "n2"}]}
+    newer = {"job_id": 8, "job_state": ["RUNNING"], "job_resources": {"nodes": {"allocation": [{"name": "a"}]}}}
+    assert seam._normalize_squeue_job(newer)["job_resources"] == newer["job_resources"]

@@ -155,7 +155,7 @@ def test_multi_host_mesh_through_process_job(session):
     workers = session.spawn("workers", Worker)
     result = session.deadline(workers.slice(hosts=1), 20).pid.call()
     assert result.ranks == [2, 3]
-    host_pids = [s.pid for s in mesh.job._host_to_pid.values()]
+    host_pids = mesh.allocation.pids()
     pids = [p.pid for p in mesh.procs] + host_pids
     session.down("cluster")
     assert_gone(pids)

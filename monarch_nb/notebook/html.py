@@ -42,14 +42,19 @@ def table(headers: Iterable[str], rows: Iterable[Iterable[str]], cls: str = "") 
 
 def mesh_html(handle: "MeshHandle") -> str:
     dims = " × ".join(f"{k}={v}" for k, v in handle.shape.items())
+    scheduled = any(p.job_id for p in handle.procs)  # SLURM: which job and node holds each process
     rows = [
-        [esc(p.rank), esc(p.label), badge(p.state), esc(p.pid or "?"), esc(p.host or "?"), esc(p.reason)]
+        [esc(p.rank), esc(p.label), badge(p.state), esc(p.pid or "?"), esc(p.host or "?")]
+        + ([esc(p.job_id or "-"), esc(p.node or "-")] if scheduled else []) + [esc(p.reason)]
         for p in handle.procs
     ]
     actors = ", ".join(esc(a) for a in handle.actors if not a.startswith("_nb_")) or "none"
-    return (f'<div class="mnb-mesh"><b>mesh {esc(handle.name)}</b> ({esc(dims)}) {badge(handle.state)}'
-            f' &middot; actors: {actors}'
-            + table(["rank", "coords", "health", "pid", "host", "reason"], rows, "mnb-procs") + "</div>")
+    allocation = handle.allocation
+    where = (f' &middot; {esc(allocation.kind)} job <b>{esc(allocation.job_id)}</b>'
+             if allocation is not None and allocation.job_id else "")
+    headers = ["rank", "coords", "health", "pid", "host"] + (["job", "node"] if scheduled else []) + ["reason"]
+    return (f'<div class="mnb-mesh"><b>mesh {esc(handle.name)}</b> ({esc(dims)}) {badge(handle.state)}{where}'
+            f' &middot; actors: {actors}' + table(headers, rows, "mnb-procs") + "</div>")
 
 
 def session_html(session: "Session") -> str:

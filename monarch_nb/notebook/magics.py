@@ -40,6 +40,9 @@ def _line_parser() -> MagicArgumentParser:
     up.add_argument("--env", type=key_value, action="append", default=[], metavar="NAME=VALUE",
                     help="environment variable for the workers (repeatable)")
     up.add_argument("--timeout", type=positive_float, default=None, help="seconds to wait for the workers")
+    up.add_argument("--slurm", action="store_true", help="hosts from a SLURM allocation (released by down)")
+    up.add_argument("--partition", default=None, help="with --slurm: SLURM partition")
+    up.add_argument("--time", default=None, dest="time_limit", metavar="HH:MM:SS", help="with --slurm: time limit")
 
     sub.add_parser("status", help="every mesh with per-process health (Session.status)")
 
@@ -108,7 +111,7 @@ class MonarchMagics(Magics):
     # ---- line commands -----------------------------------------------------------------
 
     def _cmd_up(self, args: Any) -> Any:
-        handle = self.session.up(args.name, procs=args.procs, hosts=args.hosts,
+        handle = self.session.up(args.name, procs=args.procs, hosts=args.hosts, job=_job_of(args),
                                  env=dict(args.env) or None, timeout=args.timeout)
         display(handle)
         return None
@@ -172,6 +175,17 @@ class MonarchMagics(Magics):
             errors.update({r: TimeoutError("no answer") for r in result.missing})
             raise RemoteError(f"%%monarch on mesh {handle.name!r}", errors,
                               {o.rank: o.result for o in outputs if not o.error})
+
+
+def _job_of(args: Any) -> Any:
+    """The ``job=`` of ``Session.up`` for the SLURM flags; they need --slurm."""
+    if not args.slurm:
+        if args.partition or args.time_limit:
+            raise UsageError("--partition and --time need --slurm")
+        return None
+    from ..jobs.slurm import SlurmSpec
+
+    return SlurmSpec(partition=args.partition, time_limit=args.time_limit)
 
 
 def _cell_text(outputs: list, missing: list[int], coords: dict[int, str]) -> str:

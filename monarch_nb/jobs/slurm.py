@@ -1,0 +1,284 @@
+"""Meshes on SLURM allocations, through Monarch's ``SlurmJob``.
+
+A :class:`SlurmAllocation` is one SLURM job holding the hosts of one mesh: ``start()`` checks
+the cluster (SLURM installed and reachable, the partition exists, enough nodes), submits the
+job, waits for it to run (polling ``squeue`` every 0.1 s, not Monarch's 2 s), and attaches to
+its workers; any failure or interrupt on the way releases the job. ``release()`` cancels it
+and waits until ``squeue`` no longer lists it. :func:`job_states` reads the state of many jobs
+in one ``squeue`` call, which is how the session notices a preempted allocation or a downed
+node within about a second.
+
+The fixes SLURM 22.05 and one-machine clusters need are kept here and in ``seam`` (the
+``SlurmJob`` subclass): 22.05's ``squeue --json`` shape, a client whose hostname resolves only
+to loopback, and several virtual nodes of one machine (each worker gets its own UTS namespace
+named after its node, so ``tcp://nK:port`` is distinct per node).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import shlex
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .. import seam
+from ..errors import MonarchNbError
+from . import Allocation, JobStatus
+
+_SQUEUE_TIMEOUT_S = 10.0
+# States of a job that still holds (or may yet hold) its nodes.
+_ALIVE_STATES = ("RUNNING", "PENDING", "CONFIGURING", "COMPLETING", "SUSPENDED", "REQUEUED", "RESIZING")
+
+
+class SlurmError(MonarchNbError):
+    """SLURM said no, or is not there; the message names the fix."""
+
+
+@dataclass(frozen=True)
+class SlurmSpec:
+    """What to ask SLURM for, per mesh.
+
+    Args:
+        partition: SLURM partition (``--partition``); None: the cluster's default.
+        time_limit: wall-clock limit ``[D-]HH:MM:SS`` (``--time``); None: the partition's.
+        start_timeout_s: how long a job may stay pending before it is released with an error
+            naming SLURM's reason (e.g. ``Resources``).
+        exclusive: whole nodes (``--exclusive``); False shares nodes by CPU.
+        cpus_per_task: CPUs per node requested for the mesh's processes.
+        slurm_args: extra ``#SBATCH`` options, e.g. ``("--account=ml", "--qos=high")``.
+    """
+
+    partition: str | None = None
+    time_limit: str | None = None
+    start_timeout_s: float = 60.0
+    exclusive: bool = False
+    cpus_per_task: int | None = 1
+    slurm_args: tuple[str, ...] = ()
+
+    def validate(self) -> "SlurmSpec":
+        if self.partition is not None and (not isinstance(self.partition, str) or not self.partition.strip()):
+            raise ValueError(f"partition: must be a partition name, got {self.partition!r}")
+        if self.time_limit is not None and not _valid_time(self.time_limit):
+            raise ValueError(f"time_limit: {self.time_limit!r} is not a SLURM time; use MM, HH:MM:SS or D-HH:MM:SS")
+        if not isinstance(self.start_timeout_s, (int, float)) or self.start_timeout_s <= 0:
+            raise ValueError(f"start_timeout_s: must be > 0 seconds, got {self.start_timeout_s!r}")
+        if self.cpus_per_task is not None and (not isinstance(self.cpus_per_task, int) or self.cpus_per_task < 1):
+            raise ValueError(f"cpus_per_task: must be an integer >= 1, got {self.cpus_per_task!r}")
+        bad = [a for a in self.slurm_args if not str(a).startswith("--")]
+        if bad:
+            raise ValueError(f"slurm_args: each must be an sbatch option like '--qos=high', got {bad[0]!r}")
+        return self
+
+
+def _valid_time(text: str) -> bool:
+    return bool(re.fullmatch(r"(\d+-)?\d+(:\d{1,2}){0,2}", text.strip()))
+
+
+def _run(cmd: list[str], timeout: float = _SQUEUE_TIMEOUT_S) -> subprocess.CompletedProcess:
+    if shutil.which(cmd[0]) is None:
+        raise SlurmError(f"SLURM is not installed here ({cmd[0]} is not on PATH); on one machine, "
+                         "`./run.sh slurm up` installs and starts a local cluster")
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise SlurmError(f"`{' '.join(cmd)}` did not answer within {timeout:g} s: is slurmctld up? "
+                         "(`./run.sh slurm up` on one machine)") from None
+
+
+def job_states(job_ids: list[str]) -> dict[str, JobStatus]:
+    """The state of each job, in one ``squeue`` call; a job squeue no longer lists is GONE."""
+    if not job_ids:
+        return {}
+    out = _run(["squeue", "-h", "-t", "all", "-j", ",".join(job_ids), "-o", "%i|%T|%r|%N"])
+    found = {}
+    for line in out.stdout.splitlines():
+        parts = line.strip().split("|")
+        if len(parts) == 4 and parts[0] in job_ids:
+            found[parts[0]] = JobStatus(parts[0], parts[1], parts[2], parts[3])
+    return {j: found.get(j, JobStatus(j, "GONE")) for j in job_ids}
+
+
+def _check(out: subprocess.CompletedProcess, what: str) -> subprocess.CompletedProcess:
+    if out.returncode != 0:
+        raise SlurmError(f"{what} failed: {(out.stderr or out.stdout).strip()}")
+    return out
+
+
+def resume_node(node: str) -> None:
+    """Return a node marked DOWN (e.g. by the ``node_down`` fault) to service."""
+    _check(_run(["scontrol", "update", f"nodename={node}", "state=resume"]), "scontrol update")
+
+
+def _partitions() -> tuple[dict[str, int], str | None]:
+    """(partition -> node count, the default partition); raises SlurmError naming the fix when
+    SLURM cannot be reached."""
+    out = _run(["sinfo", "-h", "-o", "%P|%D"])
+    if out.returncode != 0:
+        raise SlurmError(f"cannot reach the SLURM controller: {out.stderr.strip() or out.stdout.strip()}; "
+                         "start it (`./run.sh slurm up` on one machine) or check slurm.conf")
+    sizes: dict[str, int] = {}
+    default = None
+    for line in out.stdout.splitlines():
+        name, _, count = line.strip().partition("|")
+        if name.endswith("*"):
+            name = default = name[:-1]
+        if name:
+            sizes[name] = sizes.get(name, 0) + int(count or 0)
+    return sizes, default
+
+
+def _virtual_nodes() -> bool:
+    """Several nodes of this cluster share one machine (NodeHostName): workers then need a
+    hostname of their own, or they would all bind tcp://<machine>:<port>."""
+    out = _run(["scontrol", "show", "node", "-o"])
+    hosts = [tok.split("=", 1)[1] for line in out.stdout.splitlines() for tok in line.split()
+             if tok.startswith("NodeHostName=")]
+    return len(hosts) > len(set(hosts))
+
+
+def _hostname_is_loopback_only() -> bool:
+    try:
+        infos = socket.getaddrinfo(socket.gethostname(), None)
+    except OSError:
+        return True
+    import ipaddress
+
+    return all(ipaddress.ip_address(info[4][0].split("%")[0]).is_loopback for info in infos)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+_NODE_PYTHON = """#!/bin/sh
+# python_exe for SLURM workers on virtual nodes of one machine (written by monarch_nb): each
+# worker gets its own UTS namespace named after its node, so it binds tcp://<node>:<port>.
+if [ -n "$SLURMD_NODENAME" ] && [ "$SLURMD_NODENAME" != "$(hostname)" ]; then
+  exec unshare --uts /bin/sh -c 'hostname "$SLURMD_NODENAME" && exec "$0" "$@"' {python} "$@"
+fi
+exec {python} "$@"
+"""
+
+
+class SlurmAllocation(Allocation):
+    """One SLURM job holding the ``hosts`` nodes of one mesh (see the module docstring)."""
+
+    kind = "slurm"
+
+    def __init__(self, spec: SlurmSpec, *, hosts: int, name: str, log_dir: Path) -> None:
+        self.spec, self.hosts, self.name, self.log_dir = spec, hosts, name, log_dir
+        self.job: Any = None
+        self.job_id: str | None = None
+        self.nodes: list[str] = []
+        self.local = False  # set in start(): virtual nodes of this machine count as local
+        self.env: dict[str, str] = {}  # for the workers (e.g. loopback gloo on virtual nodes)
+
+    def start(self) -> Any:
+        """Submit, wait until running, attach; returns the job's host mesh. Releases the job on
+        any failure or interrupt before it is handed over."""
+        spec = self.spec.validate()
+        partitions, default = _partitions()
+        if spec.partition is not None and spec.partition not in partitions:
+            raise SlurmError(f"partition: {spec.partition!r} is not a partition of this cluster; "
+                             f"partitions: {', '.join(sorted(partitions)) or 'none'}")
+        partition = spec.partition or default
+        size = partitions.get(partition) if partition else None
+        if size is not None and self.hosts > size:
+            raise SlurmError(f"hosts: {self.hosts} nodes asked for, but partition {partition!r} has {size}; "
+                             f"ask for at most {size}")
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        python = shlex.quote(sys.executable)
+        python_exe = python
+        self.local = _virtual_nodes()
+        if self.local:
+            wrapper = self.log_dir / f"node_python-{self.name}.sh"
+            wrapper.write_text(_NODE_PYTHON.replace("{python}", python))
+            wrapper.chmod(0o755)
+            python_exe = shlex.quote(str(wrapper))
+        self.job = seam.slurm_job(
+            meshes={"hosts": self.hosts}, python_exe=python_exe, monarch_port=_free_port(),
+            job_name=f"monarch_nb-{self.name}", partition=spec.partition, time_limit=spec.time_limit,
+            log_dir=str(self.log_dir), exclusive=spec.exclusive, cpus_per_task=spec.cpus_per_task,
+            slurm_args=tuple(spec.slurm_args), job_start_timeout=int(spec.start_timeout_s) + 1)
+        for name in seam.JOB_LOGGERS:  # Monarch logs each submit and poll at INFO; the job's log has it all
+            logging.getLogger(name).setLevel(logging.WARNING)
+        if _hostname_is_loopback_only():
+            # SlurmJob just set Monarch's transport to TcpWithHostname; with a hostname that
+            # resolves only to loopback the client would panic ("no non-loopback address").
+            import monarch.config
+            from monarch.actor import ChannelTransport
+
+            monarch.config.configure(default_transport=ChannelTransport.TcpWithLocalhost)
+        try:
+            self.job.apply()
+            self.job_id = seam.slurm_job_id(self.job)
+            self._wait_running()
+            return self.job.state(cached_path=None).hosts
+        except BaseException:
+            self.release()
+            raise
+
+    def _wait_running(self) -> None:
+        assert self.job_id is not None
+        deadline = time.monotonic() + self.spec.start_timeout_s
+        status = JobStatus(self.job_id, "PENDING")
+        while time.monotonic() < deadline:
+            status = job_states([self.job_id])[self.job_id]
+            if status.running:
+                self.nodes = _expand_hostlist(status.nodes)
+                return
+            if status.state not in ("PENDING", "CONFIGURING"):
+                raise SlurmError(f"{status.describe()} before it started; see {self.log_dir}")
+            time.sleep(0.1)
+        raise SlurmError(f"{status.describe()} after {self.spec.start_timeout_s:g} s (start_timeout_s); "
+                         "released it. Ask for fewer hosts, another partition, or a longer start timeout")
+
+    def status(self) -> JobStatus | None:
+        return job_states([self.job_id])[self.job_id] if self.job_id else None
+
+    def preempt(self) -> None:
+        """What a scheduler's preemption does to the job: cancel it (the ``preempt`` fault)."""
+        if self.job_id is None:
+            raise SlurmError("preempt: this allocation holds no job")
+        _check(_run(["scancel", self.job_id]), "scancel")
+
+    def down_node(self, reason: str = "monarch_nb node_down fault") -> str:
+        """Mark the allocation's first node DOWN (the ``node_down`` fault); returns its name.
+        Every job on that node fails; ``resume_node`` brings it back."""
+        if not self.nodes:
+            raise SlurmError("node_down: this allocation holds no node")
+        node = self.nodes[0]
+        _check(_run(["scontrol", "update", f"nodename={node}", "state=down", f"reason={reason}"]), "scontrol update")
+        return node
+
+    def reaper_commands(self) -> list[list[str]]:
+        return [["scancel", self.job_id]] if self.job_id else []
+
+    def release(self, timeout: float = 10.0) -> None:
+        """Cancel the job and wait until squeue no longer shows it alive. Idempotent."""
+        job_id, self.job_id = self.job_id, None
+        if job_id is None:
+            return
+        _run(["scancel", job_id])
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if job_states([job_id])[job_id].state not in _ALIVE_STATES:
+                return
+            time.sleep(0.05)
+
+
+def _expand_hostlist(text: str) -> list[str]:
+    """'n[1-2],gpu7' -> ['n1', 'n2', 'gpu7'] (through scontrol, which knows every form)."""
+    if not text:
+        return []
+    out = _run(["scontrol", "show", "hostnames", text])
+    return out.stdout.split() if out.returncode == 0 else [text]
