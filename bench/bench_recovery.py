@@ -29,20 +29,10 @@ from monarch_nb.ft import FaultKind, FTRun, RunConfig  # noqa: E402
 from monarch_nb.ft.recovery import PHASES  # noqa: E402
 from monarch_nb.telemetry.events import Rejoined, ReplicasIdentical  # noqa: E402
 
-COLUMNS = [("fault", "{}"), ("victim", "{}")] + [(f"{p}_s", "{:.2f}") for p in PHASES] + [
-    ("total_s", "{:.2f}"), ("stall_steps", "{:.1f}"), ("stall_s", "{:.2f}"), ("heal_MB", "{:.1f}"), ("source", "{}"),
-    ("rejoin_step", "{}"), ("survivor_commits", "{}"), ("identical", "{}"),
+COLUMNS = [("fault", "{}"), ("replica", "{}")] + [(f"{p}_s", "{:.2f}") for p in PHASES] + [
+    ("total_s", "{:.2f}"), ("stall_steps", "{:.1f}"), ("stall_s", "{:.2f}"), ("heal_MB", "{:.1f}"),
+    ("heal_source", "{}"), ("rejoined_step", "{}"), ("survivor_commits", "{}"), ("identical", "{}"),
 ]
-
-
-def _row(rec) -> dict:
-    return {
-        "fault": rec.fault, "victim": rec.replica, **{f"{p}_s": d for p, d in rec.durations().items()},
-        "total_s": rec.total_s, "stall_steps": rec.survivor_stall_steps, "stall_s": rec.survivor_stall_s,
-        "heal_MB": rec.heal_bytes / 1e6 if rec.heal_bytes else None, "source": rec.heal_source,
-        "rejoin_step": rec.rejoined_step, "survivor_commits": rec.survivor_commits_while_down,
-        "identical": rec.identical, "reason": rec.reason,
-    }
 
 
 def _fmt(value, spec: str) -> str:
@@ -88,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
         run.stop()
 
     history = run.history()
-    rows = [_row(r) for r in history.recoveries()]
+    rows = [r.row() for r in history.recoveries()]
     print()
     print(" | ".join(name for name, _ in COLUMNS))
     print("-|-".join("-" * len(name) for name, _ in COLUMNS))

@@ -10,6 +10,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted((REPO / "notebooks").glob("*.ipynb"))
+CLUSTER_NOTEBOOK = REPO / "notebooks" / "05_cluster.ipynb"  # needs the SLURM cluster: its own test below
+LOCAL_NOTEBOOKS = [nb for nb in NOTEBOOKS if nb != CLUSTER_NOTEBOOK]
 ARTIFACTS = REPO / "test-artifacts"
 # Smaller settings for CI's 2-core machine; each notebook declares them in its parameters cell.
 CI_PARAMS: dict[str, list[str]] = {
@@ -24,8 +26,7 @@ def execute(*args: str, timeout: float = 900) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=timeout, cwd=REPO)
 
 
-@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=[nb.name for nb in NOTEBOOKS])
-def test_shipped_notebook_runs_headless(notebook):
+def run_headless(notebook: Path) -> nbformat.NotebookNode:
     out = ARTIFACTS / notebook.name.replace(".ipynb", ".out.ipynb")
     proc = execute(str(notebook), "-o", str(out), "--timeout", "600", *CI_PARAMS.get(notebook.name, []))
     assert proc.returncode == 0, f"{notebook.name} failed:\n{proc.stderr[-3000:]}"
@@ -33,6 +34,31 @@ def test_shipped_notebook_runs_headless(notebook):
     code_cells = [c for c in executed.cells if c.cell_type == "code"]
     assert all(c.execution_count for c in code_cells), "some cells did not run"
     assert not [o for c in code_cells for o in c.outputs if o.output_type == "error"]
+    return executed
+
+
+@pytest.mark.parametrize("notebook", LOCAL_NOTEBOOKS, ids=[nb.name for nb in LOCAL_NOTEBOOKS])
+def test_shipped_notebook_runs_headless(notebook):
+    run_headless(notebook)
+
+
+@pytest.mark.slurm
+def test_cluster_notebook_runs_on_slurm_and_records_the_preemption_and_its_recovery(slurm_cluster):
+    import os
+
+    before = set(Path(os.environ["MONARCH_NB_RUNS"]).iterdir())
+    executed = run_headless(CLUSTER_NOTEBOOK)
+    text = "".join(o.get("text", "") + o.get("data", {}).get("text/plain", "")
+                   for c in executed.cells if c.cell_type == "code" for o in c.outputs)
+    assert "node=n1" in text and "node=n2" in text, "the mesh must span both nodes"
+    (run_dir,) = [d for d in set(Path(os.environ["MONARCH_NB_RUNS"]).iterdir()) - before
+                  if (d / "events.jsonl").exists()]
+    kinds = [json.loads(line)["kind"] for line in (run_dir / "events.jsonl").read_text().splitlines()]
+    faults = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()
+              if json.loads(line)["kind"] == "fault_injected"]
+    assert [f["fault"] for f in faults] == ["preempt"]
+    for kind in ("failure_detected", "acquired", "healed", "rejoined", "replicas_identical", "run_stopped"):
+        assert kind in kinds[kinds.index("fault_injected"):], f"{kind} missing after the preemption"
 
 
 def test_tour_parameters_are_injected_after_the_parameters_cell(tmp_path):

@@ -28,6 +28,9 @@ class RunConfig:
     replicas: int = 3  # R replica groups (torchft replicas)
     group_size: int = 1  # G processes per group (FSDP inside the group when > 1)
     job: str = "local"  # where groups run: local procs, ProcessJob "hosts", SLURM, Kubernetes
+    partition: str | None = None  # job="slurm": SLURM partition (None: the cluster's default)
+    time_limit: str | None = None  # job="slurm": wall-clock limit of each allocation, e.g. "02:00:00"
+    allocation_timeout_s: float = 120.0  # job="slurm": how long an allocation may stay pending
     # model and train step (torchtitan Llama 3)
     model: str = "debugmodel"
     steps: int | None = None  # None: train until stop()
@@ -47,7 +50,9 @@ class RunConfig:
     quorum_tick_ms: int = 20
     pg_timeout_s: float = 10.0  # cross-replica collectives give up after this
     quorum_timeout_s: float = 60.0
-    advertise_host: str = "127.0.0.1"  # address peers use to reach this host's servers
+    # Address each worker's torchft servers advertise to its peers: None picks by placement
+    # (127.0.0.1 on this machine; the node's own address, from its hostname, on a cluster).
+    advertise_host: str | None = None
     # controller
     poll_interval_s: float = 0.25  # how often each group's telemetry is drained
     hang_timeout_s: float = 5.0  # a group that answers nothing for this long is hung
@@ -76,6 +81,10 @@ class RunConfig:
             raise ValueError(f"model: unknown model {self.model!r}; allowed values: {', '.join(MODELS)}")
         if self.job not in JOBS:
             raise ValueError(f"job: unknown value {self.job!r}; allowed values: {', '.join(JOBS)}")
+        if self.job == "slurm":
+            self.slurm_spec()
+        elif self.partition is not None or self.time_limit is not None:
+            raise ValueError(f"partition: only for job='slurm' (this run has job={self.job!r})")
         if self.steps is not None:
             need_int("steps", 1)
         need_int("seq_len", 8)
@@ -105,6 +114,13 @@ class RunConfig:
                                                      for k, v in self.env.items()):
             raise ValueError("env: must map str to str")
         return self
+
+    def slurm_spec(self) -> Any:
+        """What each group's SLURM allocation asks for (job="slurm")."""
+        from ..jobs.slurm import SlurmSpec
+
+        return SlurmSpec(partition=self.partition, time_limit=self.time_limit,
+                         start_timeout_s=self.allocation_timeout_s).validate()
 
     def replace(self, **changes: Any) -> "RunConfig":
         return dataclasses.replace(self, **changes)

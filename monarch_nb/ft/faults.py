@@ -13,6 +13,11 @@ Kinds and how each is survived:
   exception  raised inside the train step   -> the trainer reports it through ``status``
   comms      abort the cross-replica PG     -> the trainer reports broken comms
   hang       hold the GIL for N seconds     -> calls to the actor time out (hang deadline)
+
+Cluster kinds, done by the controller through the scheduler (runs with ``job="slurm"``):
+  preempt    ``scancel`` of the group's allocation          -> the session's job watcher
+  node_down  ``scontrol update nodename=N state=down`` of    -> same; every group on that
+             the node holding the group                        node fails with it
 """
 
 from __future__ import annotations
@@ -34,6 +39,8 @@ class FaultKind(str, enum.Enum):
     EXCEPTION = "exception"
     COMMS = "comms"
     HANG = "hang"
+    PREEMPT = "preempt"
+    NODE_DOWN = "node_down"
 
     @classmethod
     def parse(cls, value: "str | FaultKind", field_name: str = "kind") -> "FaultKind":
@@ -47,6 +54,10 @@ class FaultKind(str, enum.Enum):
 
     def __str__(self) -> str:
         return self.value
+
+
+# Faults the controller makes happen through the cluster's scheduler, not inside a worker.
+CLUSTER_KINDS = frozenset({FaultKind.PREEMPT, FaultKind.NODE_DOWN})
 
 
 class InjectedException(RuntimeError):
@@ -76,6 +87,9 @@ class Fault:
             raise ValueError(f"after_s: must be >= 0 seconds, got {self.after_s!r}")
         if self.hang_s <= 0:
             raise ValueError(f"hang_s: must be > 0 seconds, got {self.hang_s!r}")
+        if self.kind in CLUSTER_KINDS and self.at_step is not None:
+            raise ValueError(f"at_step: {self.kind.value} is done through the scheduler, which knows no steps; "
+                             "give after_s=SECONDS or nothing (at once)")
 
 
 @dataclass
@@ -155,5 +169,5 @@ def fire(kind: FaultKind, *, abort_comms: Any = None, hang_s: float = 30.0) -> N
         abort_comms()
     elif kind is FaultKind.HANG:
         hold_gil(hang_s)
-    else:  # pragma: no cover - FaultKind is closed
-        raise ValueError(kind)
+    else:  # the cluster kinds never reach a worker
+        raise ValueError(f"kind: {kind.value!r} is done by the controller through the scheduler, not in a worker")

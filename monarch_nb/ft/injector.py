@@ -16,17 +16,19 @@ import threading
 from typing import Any, Callable
 
 from ..telemetry.events import Event, FaultInjected
-from .faults import Fault, FaultKind, FaultSchedule
+from .faults import CLUSTER_KINDS, Fault, FaultKind, FaultSchedule
 from .groups import HEALING, TRAINING, GroupTable
 
 
 class FaultInjector:
     def __init__(self, replicas: int, group_size: int, groups: GroupTable, fault_log: str,
-                 send: Callable[[Fault], int | None], emit: Callable[[Event], None],
-                 running: Callable[[], bool]) -> None:
+                 arm: Callable[[Fault], int | None], cluster: Callable[[Fault], int | None],
+                 emit: Callable[[Event], None], running: Callable[[], bool]) -> None:
+        """``arm(fault)`` arms a fault in its target worker; ``cluster(fault)`` makes a cluster
+        kind happen through the scheduler. Both return the step the fault is due at."""
         self.replicas, self.group_size = replicas, group_size
         self.fault_log = fault_log
-        self._groups, self._send, self._emit, self._running = groups, send, emit, running
+        self._groups, self._arm, self._cluster, self._emit, self._running = groups, arm, cluster, emit, running
         self._lock = threading.Lock()
         self._log_pos = 0
         self._fired: list[dict[str, Any]] = []
@@ -54,7 +56,7 @@ class FaultInjector:
         if g.state not in (TRAINING, HEALING):
             allowed = [x.index for x in self._groups.training()]
             raise RuntimeError(f"inject: replica {fault.replica} is {g.state}; allowed targets now: {allowed}")
-        step = self._send(fault)
+        step = self._deliver(fault)
         self._emit(FaultInjected(fault=fault.kind.value, replica=fault.replica, rank=fault.rank,
                                  step=step if step is not None else fault.at_step))
 
@@ -63,9 +65,12 @@ class FaultInjector:
         g = self._groups[fault.replica]
         if g.state in (TRAINING, HEALING) and self._running():
             try:
-                self._send(fault)
+                self._deliver(fault)
             except Exception:
                 pass
+
+    def _deliver(self, fault: Fault) -> int | None:
+        return (self._cluster if fault.kind in CLUSTER_KINDS else self._arm)(fault)
 
     def schedule(self, every: float, kinds: Any = ("kill",), seed: int | None = None,
                  max_faults: int | None = None, rank: int | None = None) -> FaultSchedule:

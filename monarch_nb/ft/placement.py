@@ -17,6 +17,7 @@ class Placement:
 
     name = "local"
     bind_host = "127.0.0.1"  # what the Lighthouse binds: only this host must reach it
+    advertise_host = "127.0.0.1"  # what workers advertise to peers ("auto": their node's address)
 
     def up_kwargs(self, index: int) -> dict[str, Any]:
         return {}
@@ -34,6 +35,7 @@ class HostMeshPlacement(Placement):
 
     name = "host_mesh"
     bind_host = "0.0.0.0"
+    advertise_host = "auto"
 
     def __init__(self, host_mesh_for: Callable[[int], Any]) -> None:
         self._host_mesh_for = host_mesh_for
@@ -68,12 +70,30 @@ class ProcessJobPlacement(Placement):
             self._job.kill()
 
 
-def placement_for(job: str, replicas: int, host_mesh_for: Callable[[int], Any] | None = None) -> Placement:
+class SlurmPlacement(Placement):
+    """Each group on its own SLURM allocation; a failed group gets a fresh one (a real cluster
+    replaces a dead node that way, and Monarch cannot respawn onto a damaged host mesh)."""
+
+    name = "slurm"
+    bind_host = "0.0.0.0"  # the Lighthouse must be reachable from the nodes
+    advertise_host = "auto"
+
+    def __init__(self, spec: Any) -> None:
+        self.spec = spec
+
+    def up_kwargs(self, index: int) -> dict[str, Any]:
+        return {"job": self.spec}
+
+
+def placement_for(config: Any, host_mesh_for: Callable[[int], Any] | None = None) -> Placement:
+    job = config.job
     if host_mesh_for is not None:
         return HostMeshPlacement(host_mesh_for)
     if job == "local":
         return Placement()
     if job == "process":
-        return ProcessJobPlacement(replicas)
+        return ProcessJobPlacement(config.replicas)
+    if job == "slurm":
+        return SlurmPlacement(config.slurm_spec())
     raise ValueError(f"job: {job!r} needs host_mesh_for=lambda r: <that job's host mesh>; "
-                     "see monarch.job.SlurmJob / KubernetesJob")
+                     "see monarch.job.KubernetesJob")

@@ -144,6 +144,15 @@ class Recovery:
             return None
         return max(0.0, self.rejoined_t - self.start_t)
 
+    def row(self) -> dict[str, Any]:
+        """One flat row for a table (notebooks, benchmarks): the phases as ``<phase>_s`` columns."""
+        return {"replica": self.replica, "fault": self.fault or "unplanned", "status": self.status,
+                **{f"{name}_s": seconds for name, seconds in self.durations().items()}, "total_s": self.total_s,
+                "acquired_how": self.acquired_how, "heal_MB": self.heal_bytes / 1e6 if self.heal_bytes else None,
+                "heal_source": self.heal_source, "rejoined_step": self.rejoined_step,
+                "survivor_commits": self.survivor_commits_while_down, "stall_s": self.survivor_stall_s,
+                "stall_steps": self.survivor_stall_steps, "identical": self.identical, "reason": self.reason}
+
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data.update(status=self.status, start_t=self.start_t, total_s=self.total_s, phases=self.durations())

@@ -26,6 +26,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import socket
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -100,7 +101,9 @@ class ReplicaTrainer:
 
         from torch.distributed import TCPStore
 
-        host = cfg.get("advertise_host", "127.0.0.1")
+        host = cfg.get("advertise_host") or "127.0.0.1"
+        if host == "auto":  # this node's own address, as the other nodes resolve its name
+            host = socket.gethostbyname(socket.gethostname())
         store_host = "127.0.0.1" if cfg.get("job", "local") == "local" else host
         if rank == 0:
             self.store = TCPStore(store_host, store_port or 0, world_size=None, is_master=True,

@@ -28,7 +28,7 @@ from ..session import runs_root
 from ..telemetry import EventStore
 from ..telemetry.events import Event, ReplicasIdentical, RunStarted, RunStopped, Step
 from .config import RunConfig
-from .faults import Fault, FaultKind, FaultSchedule
+from .faults import Fault, FaultKind, FaultSchedule, record_firing
 from .groups import GAVE_UP, STARTING, STOPPED, TRAINING, GroupTable, ReplicaGroup
 from .history import RunHistory
 from .identity import IdentityChecks
@@ -69,7 +69,7 @@ class FTRun:
         if overrides:
             cfg = cfg.replace(**overrides)
         self.config = cfg.validate()
-        self.placement = placement_for(cfg.job, cfg.replicas, host_mesh_for)
+        self.placement = placement_for(self.config, host_mesh_for)
         self.run_id = cfg.run_name or time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
         self.run_dir = runs_root(cfg.runs_root) / self.run_id
         if (self.run_dir / "events.jsonl").exists():
@@ -82,7 +82,7 @@ class FTRun:
         self.groups = GroupTable(cfg.replicas)
         self.identity = IdentityChecks(cfg.group_size, self.events.append)
         self.faults = FaultInjector(cfg.replicas, cfg.group_size, self.groups, self.fault_log, self._arm_fault,
-                                    self.events.append, lambda: self.started and not self.stopped)
+                                    self._cluster_fault, self.events.append, lambda: self.started and not self.stopped)
         self.supervisor: Supervisor | None = None
         self._unsubscribe: Callable[[], None] | None = None
         self._dashboard: Any = None
@@ -156,7 +156,8 @@ class FTRun:
 
     def _trainer_args(self, g: ReplicaGroup, store_port: int | None) -> tuple:
         assert self.lighthouse is not None and self.lighthouse.address
-        worker_cfg = {**self.config.to_dict(), "restart": None}
+        worker_cfg = {**self.config.to_dict(), "restart": None,
+                      "advertise_host": self.config.advertise_host or self.placement.advertise_host}
         return (worker_cfg, g.index, self.lighthouse.address, store_port, self.data_dir, self.fault_log, g.attempts)
 
     # ---- faults -----------------------------------------------------------------------
@@ -184,6 +185,21 @@ class FTRun:
         actors = g.actors.slice(gpus=fault.rank) if self.config.group_size > 1 else g.actors
         res = self._session.deadline(actors, 10.0).inject.call(fault.kind.value, fault.at_step, fault.hang_s)
         return next(iter(res.values.values()), None)
+
+    def _cluster_fault(self, fault: Fault) -> int | None:
+        """preempt / node_down: through the scheduler holding the group's allocation."""
+        g = self.groups[fault.replica]
+        allocation = self._session.mesh(g.name).allocation
+        if not hasattr(allocation, "preempt"):
+            raise ValueError(f"kind: {fault.kind.value} needs a run on SLURM allocations (job='slurm'); "
+                             f"this run's job is {self.config.job!r}")
+        record_firing(self.fault_log, {"kind": "fault_fired", "fault": fault.kind.value, "replica": fault.replica,
+                                       "rank": fault.rank, "step": g.step, "job_id": allocation.job_id})
+        if fault.kind is FaultKind.PREEMPT:
+            allocation.preempt()
+        else:
+            allocation.down_node()
+        return g.step
 
     # ---- identical replicas ------------------------------------------------------------
 

@@ -238,7 +238,8 @@ class Supervisor:
             t0 = time.time()
             try:
                 acquired_s = self.spawn(g)
-                self._emit(Acquired(t=t0 + acquired_s, replica=g.index, how="spawn", seconds=acquired_s))
+                how = "allocation" if self.placement.name == "slurm" else "spawn"
+                self._emit(Acquired(t=t0 + acquired_s, replica=g.index, how=how, seconds=acquired_s))
                 self.wait_ready(g, time.monotonic() + self.config.init_timeout_s)
                 if self.stopping.is_set():
                     return

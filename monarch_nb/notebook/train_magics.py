@@ -12,7 +12,7 @@ from typing import Any
 
 from IPython.core.error import UsageError
 
-from ..ft.faults import FaultKind
+from ..ft.faults import CLUSTER_KINDS, FaultKind
 from .args import positive_float, positive_int
 
 FAULT_KINDS = tuple(k.value for k in FaultKind)
@@ -27,8 +27,12 @@ def add_training_commands(sub: Any) -> None:
     train.add_argument("--batch-size", type=positive_int, default=None)
     train.add_argument("--lr", type=positive_float, default=None)
     train.add_argument("--model", default=None, help="torchtitan Llama 3 flavor (default debugmodel)")
-    train.add_argument("--job", default=None, choices=["local", "process"],
-                       help="local procs, or each group on its own ProcessJob host")
+    train.add_argument("--job", default=None, choices=["local", "process", "slurm"],
+                       help="local procs, each group on its own ProcessJob host, or on its own SLURM allocation")
+    train.add_argument("--slurm", action="store_true", help="same as --job slurm")
+    train.add_argument("--partition", default=None, help="with --slurm: SLURM partition")
+    train.add_argument("--time", default=None, dest="time_limit", metavar="HH:MM:SS",
+                       help="with --slurm: time limit of each group's allocation")
     train.add_argument("--platform", default=None, choices=["auto", "cpu", "cuda", "rocm"])
     train.add_argument("--max-restarts", type=int, default=None)
     train.add_argument("--name", default=None, help="run name (default: a timestamp)")
@@ -69,9 +73,12 @@ class TrainingCommands:
 
         if self.run is not None and not self.run.stopped:
             raise UsageError(f"run {self.run.run_id} is still active; `%monarch stop` it first")
+        if args.slurm and args.job not in (None, "slurm"):
+            raise UsageError(f"--slurm and --job {args.job} disagree; give one")
         fields = {"replicas": args.replicas, "group_size": args.group_size, "steps": args.steps,
                   "seq_len": args.seq_len, "batch_size": args.batch_size, "lr": args.lr, "model": args.model,
-                  "job": args.job, "platform": args.platform, "run_name": args.name}
+                  "job": "slurm" if args.slurm else args.job, "platform": args.platform, "run_name": args.name,
+                  "partition": args.partition, "time_limit": args.time_limit}
         overrides = {k: v for k, v in fields.items() if v is not None}
         if args.max_restarts is not None:
             overrides["restart"] = RestartPolicy(max_restarts=args.max_restarts)
@@ -99,7 +106,10 @@ class TrainingCommands:
             raise UsageError(str(exc)) from None
         when = f" at step {args.at_step}" if args.at_step is not None else (
             f" after {args.after:g} s" if args.after else "")
-        print(f"armed {args.kind} in replica {args.replica} rank {args.rank}{when}")
+        if FaultKind.parse(args.kind) in CLUSTER_KINDS:
+            print(f"{args.kind}: sent to the scheduler for replica {args.replica}'s allocation{when}")
+        else:
+            print(f"armed {args.kind} in replica {args.replica} rank {args.rank}{when}")
 
     def schedule(self, args: argparse.Namespace) -> None:
         run = self.current()
