@@ -190,7 +190,7 @@ def test_slurm_job_reads_our_job_from_squeue_json_among_others(slurm_cluster):
     from monarch.job import SlurmJob
 
     assert callable(getattr(SlurmJob, "_get_job_info_json", None))  # the method we override
-    ids = [subprocess.run(["sbatch", "--parsable", "-J", "monarch_nb-seam-test", "--wrap", "sleep 60"],
+    ids = [subprocess.run(["sbatch", "--parsable", "-J", "monarch_nb-seam-test", "-o", "/dev/null", "--wrap", "sleep 60"],
                           capture_output=True, text=True, check=True).stdout.strip() for _ in range(2)]
     try:
         job = seam.slurm_job(meshes={"hosts": 1})
