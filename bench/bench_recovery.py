@@ -1,101 +1,189 @@
-"""Recovery figures per fault kind, measured on a real fault-tolerant run.
+"""Recovery figures, measured on real fault-tolerant runs, with and without warm spares.
 
-Starts one ``FTRun`` (R replica groups of the tiny Llama 3, CPU + gloo by default), injects
-each fault kind in turn into a rotating victim, waits until the victim has rejoined and the
-replicas were checked identical, and reports from the run's event log alone:
+In one invocation: one ``FTRun`` per (spares, heal transport) configuration, each receiving
+every fault kind ``--repeats`` times in turn (a rotating victim; the next fault only once the
+victim rejoined, the replicas were checked identical and, with spares, a spare is ready
+again). Everything reported comes from the runs' event logs, through the one recovery model
+(``monarch_nb.ft.recovery``): six phases back to back - detect, teardown, acquire, build,
+heal, rejoin - adding up to ``seconds_since_failure`` (fault -> the victim's first committed
+step), plus how long the survivors stalled in units of their median step time.
 
-  phases      detect, teardown, acquire, build, heal, rejoin: back to back, each from the
-              previous one's end, adding up to ``total`` = fault -> the victim's first
-              committed step (monarch_nb.ft.recovery defines them)
-  stall       longest gap between a survivor's committed steps around the failure,
-              in units of its median step time before the fault (and in seconds)
-  heal        bytes of the peer-to-peer state transfer, and the source group
+The heal bandwidth is shown next to this machine's loopback TCP bandwidth, measured in the
+same invocation: on one machine that is the physical limit of a peer-to-peer state copy.
 
-Usage: python bench/bench_recovery.py [--kinds kill,exception,...] [--repeat N] [--json out.json]
+Usage:
+  python bench/bench_recovery.py --kinds kill,comms --repeats 3 --spares 1 --out results.json
+  python bench/bench_recovery.py                      # every kind, once, spares 0 and 1
+  python bench/bench_recovery.py --job slurm --kinds preempt,node_down   # on the SLURM cluster
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import socket
 import statistics
 import sys
+import threading
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from monarch_nb.ft import FaultKind, FTRun, RunConfig  # noqa: E402
+from monarch_nb.ft.faults import CLUSTER_KINDS  # noqa: E402
 from monarch_nb.ft.recovery import PHASES  # noqa: E402
-from monarch_nb.telemetry.events import Rejoined, ReplicasIdentical  # noqa: E402
+from monarch_nb.telemetry.events import Rejoined, ReplicasIdentical, SpareState  # noqa: E402
 
-COLUMNS = [("fault", "{}"), ("replica", "{}")] + [(f"{p}_s", "{:.2f}") for p in PHASES] + [
-    ("total_s", "{:.2f}"), ("stall_steps", "{:.1f}"), ("stall_s", "{:.2f}"), ("heal_MB", "{:.1f}"),
-    ("heal_source", "{}"), ("rejoined_step", "{}"), ("survivor_commits", "{}"), ("identical", "{}"),
-]
+LOCAL_KINDS = [k.value for k in FaultKind if k not in CLUSTER_KINDS]
 
 
-def _fmt(value, spec: str) -> str:
-    return "-" if value is None else spec.format(value)
+def loopback_bandwidth(megabytes: int = 256) -> float:
+    """GB/s of one TCP stream over loopback on this machine (sender and receiver threads)."""
+    payload = b"\0" * (1 << 20)
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(1)
+    received = [0]
+
+    def receive() -> None:
+        conn, _ = server.accept()
+        with conn:
+            while True:
+                chunk = conn.recv(1 << 20)
+                if not chunk:
+                    return
+                received[0] += len(chunk)
+
+    reader = threading.Thread(target=receive)
+    reader.start()
+    t0 = time.perf_counter()
+    with socket.create_connection(server.getsockname()) as client:
+        for _ in range(megabytes):
+            client.sendall(payload)
+    reader.join()
+    seconds = time.perf_counter() - t0
+    server.close()
+    return received[0] / seconds / 1e9
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--kinds", default=",".join(k.value for k in FaultKind))
-    p.add_argument("--repeat", type=int, default=1, help="faults per kind")
-    p.add_argument("--replicas", type=int, default=3)
-    p.add_argument("--group-size", type=int, default=1)
-    p.add_argument("--hang-s", type=float, default=30.0)
-    p.add_argument("--timeout", type=float, default=240.0, help="per fault: inject -> identical check")
-    p.add_argument("--json", help="write rows and the run directory here")
-    a = p.parse_args(argv)
-    kinds = [FaultKind.parse(k, "kinds") for k in a.kinds.split(",") if k]
+def record(rec, label: str, transport: str, median_step: float | None) -> dict:
+    phases = rec.durations()
+    return {
+        "run": label, "kind": rec.fault, "spare": rec.acquired_how == "spare", "transport": transport,
+        "acquired_how": rec.acquired_how, "victim": rec.replica, "seconds_since_failure": rec.total_s,
+        **{f"{name}_s": phases[name] for name in PHASES},
+        "survivor_stall_steps": rec.survivor_stall_steps, "survivor_stall_s": rec.survivor_stall_s,
+        "heal_MB": rec.heal_bytes / 1e6 if rec.heal_bytes else None, "heal_transfer_s": rec.heal_s,
+        "heal_GBps": (rec.heal_bytes / rec.heal_s / 1e9) if rec.heal_bytes and rec.heal_s else None,
+        "identical": rec.identical, "median_step_s": median_step, "reason": rec.reason,
+    }
 
-    run = FTRun(RunConfig(replicas=a.replicas, group_size=a.group_size, run_name=f"bench-{time.strftime('%Y%m%d-%H%M%S')}"))
-    t0 = time.time()
+
+def one_run(kinds: list[str], repeats: int, spares: int, transport: str, a: argparse.Namespace) -> tuple[list, list]:
+    label = f"spares={spares} transport={transport}"
+    cfg = RunConfig(replicas=a.replicas, group_size=a.group_size, spares=spares, heal_transport=transport,
+                    job=a.job, run_name=f"bench-recovery-{time.strftime('%Y%m%d-%H%M%S')}-s{spares}-{transport}")
+    run = FTRun(cfg)
     failures: list[str] = []
+    t0 = time.time()
     try:
         run.start()
-        print(f"started {a.replicas} groups in {time.time() - t0:.1f} s; run dir {run.run_dir}", flush=True)
-        run.wait_for_step(5, timeout=180)
+        print(f"[{label}] started {a.replicas} groups in {time.time() - t0:.1f} s; run dir {run.run_dir}", flush=True)
+        run.wait_for_step(5, timeout=300)
         n = 0
         for kind in kinds:
-            for _ in range(a.repeat):
+            for _ in range(repeats):
                 victim = n % a.replicas
                 n += 1
+                if spares:
+                    run.wait_for(lambda e: isinstance(e, SpareState) and e.state == "ready"
+                                 and run.supervisor.spares.ready() > 0, timeout=a.timeout)
                 since = time.time()
                 try:
                     run.inject(kind, replica=victim, hang_s=a.hang_s)
                     rej = run.wait_for(lambda e, v=victim: isinstance(e, Rejoined) and e.replica == v,
                                        timeout=a.timeout, since=since)
                     run.wait_for(lambda e, t=rej.t: isinstance(e, ReplicasIdentical) and e.t >= t, timeout=a.timeout)
-                    print(f"  {kind.value:<9} replica {victim}: rejoined at step {rej.step} "
-                          f"({rej.seconds_since_failure or 0:.1f} s after the failure)", flush=True)
+                    print(f"  [{label}] {kind:<9} replica {victim}: back at step {rej.step}, "
+                          f"{rej.seconds_since_failure or 0:.2f} s after the fault", flush=True)
                 except TimeoutError as e:
-                    failures.append(f"{kind.value} on replica {victim}: {e}")
-                    print(f"  {kind.value:<9} replica {victim}: NOT RECOVERED ({e})", flush=True)
+                    failures.append(f"{label}: {kind} on replica {victim}: {e}")
+                    print(f"  [{label}] {kind:<9} replica {victim}: NOT RECOVERED ({e})", flush=True)
+                if kind == "node_down":
+                    from monarch_nb.jobs.slurm import resume_node
+
+                    for node in ("n1", "n2", "n3", "n4"):
+                        try:
+                            resume_node(node)
+                        except Exception:
+                            pass
     finally:
         run.stop()
-
     history = run.history()
-    rows = [r.row() for r in history.recoveries()]
+    steps = [e.t for e in history.steps(0)]
+    gaps = [b - x for x, b in zip(steps, steps[1:])]
+    median_step = statistics.median(gaps) if gaps else None
+    return [record(r, label, transport, median_step) for r in history.recoveries()], failures
+
+
+def summarize(records: list[dict]) -> list[str]:
+    lines = []
+    cols = [f"{p}_s" for p in PHASES] + ["seconds_since_failure", "survivor_stall_steps", "heal_GBps"]
+    head = f"{'kind':<10}{'spare':<6}{'transport':<10}{'n':>3} " + " ".join(f"{c.removesuffix('_s'):>22}" for c in cols)
+    lines.append("median / max per phase (seconds unless named)")
+    lines.append(head)
+    keys = sorted({(r["kind"], r["spare"], r["transport"]) for r in records}, key=str)
+    for kind, spare, transport in keys:
+        rows = [r for r in records if (r["kind"], r["spare"], r["transport"]) == (kind, spare, transport)]
+        cells = []
+        for c in cols:
+            values = [r[c] for r in rows if r[c] is not None]
+            cells.append(f"{statistics.median(values):>10.3f} / {max(values):<9.3f}" if values else f"{'-':>22}")
+        lines.append(f"{kind:<10}{str(spare):<6}{transport:<10}{len(rows):>3} " + " ".join(cells))
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--kinds", default=None, help="comma-separated fault kinds (default: every kind)")
+    p.add_argument("--repeats", type=int, default=1, help="faults per kind and configuration")
+    p.add_argument("--spares", type=int, default=1, help="also measure a run with this many warm spares (0: only without)")
+    p.add_argument("--transports", default="http", help="heal transports to compare, e.g. http,pg")
+    p.add_argument("--replicas", type=int, default=3)
+    p.add_argument("--group-size", type=int, default=1)
+    p.add_argument("--job", default="local", choices=["local", "slurm"])
+    p.add_argument("--hang-s", type=float, default=30.0)
+    p.add_argument("--timeout", type=float, default=240.0, help="per fault: inject -> identical check")
+    p.add_argument("--out", "--json", dest="out", help="write the records and the summary here (JSON)")
+    a = p.parse_args(argv)
+    kinds = [FaultKind.parse(k, "kinds").value for k in (a.kinds.split(",") if a.kinds else LOCAL_KINDS) if k]
+    loopback = loopback_bandwidth()
+    print(f"loopback TCP bandwidth on this machine: {loopback:.2f} GB/s", flush=True)
+    records, failures = [], []
+    for spares in sorted({0, a.spares}):
+        for transport in a.transports.split(","):
+            recs, fails = one_run(kinds, a.repeats, spares, transport, a)
+            records += recs
+            failures += fails
     print()
-    print(" | ".join(name for name, _ in COLUMNS))
-    print("-|-".join("-" * len(name) for name, _ in COLUMNS))
-    for row in rows:
-        print(" | ".join(_fmt(row[name], spec) for name, spec in COLUMNS))
-    step_times = []
-    for r in range(a.replicas):
-        ts = [e.t for e in history.steps(r)]
-        step_times += [b - a_ for a_, b in zip(ts, ts[1:])]
-    summary = history.summary()
-    summary["median_step_s"] = statistics.median(step_times) if step_times else None
-    print(f"\nmedian step {summary['median_step_s']:.3f} s; loss {summary['loss_start']:.2f} -> "
-          f"{summary['loss_end']:.2f}; identity checks: {summary['identity_checks']}")
-    if a.json:
-        Path(a.json).write_text(json.dumps({"run_dir": str(run.run_dir), "rows": rows, "summary": summary,
-                                            "failures": failures}, indent=1, default=str))
-    return 1 if failures or not all(r["identical"] for r in rows) else 0
+    for line in summarize(records):
+        print(line)
+    heal = [r["heal_GBps"] for r in records if r["heal_GBps"]]
+    if heal:
+        print(f"\nheal bandwidth median {statistics.median(heal):.2f} GB/s vs loopback {loopback:.2f} GB/s "
+              f"({statistics.median(heal) / loopback:.0%} of it)")
+    with_spare = [r["seconds_since_failure"] for r in records if r["spare"] and r["seconds_since_failure"]]
+    without = [r["seconds_since_failure"] for r in records if not r["spare"] and r["seconds_since_failure"]]
+    if with_spare and without:
+        print(f"victim back: median {statistics.median(with_spare):.2f} s with a spare, "
+              f"{statistics.median(without):.2f} s without ({statistics.median(without) / statistics.median(with_spare):.1f}x)")
+    for f in failures:
+        print("FAILED:", f)
+    if a.out:
+        Path(a.out).write_text(json.dumps({"loopback_GBps": loopback, "records": records,
+                                           "summary": summarize(records), "failures": failures}, indent=1))
+    return 1 if failures or not all(r["identical"] for r in records if r["kind"]) else 0
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """Process-wide Monarch setup that must happen before ``monarch`` is first imported.
 
 Workers inherit the controller's environment, so the supervision poll (Monarch's default
-is 10 s; 1 s gives ~1 s failure detection) is set here once; gloo's loopback interface is
+is 10 s; 300 ms detects a dead process within about that) is set here once; gloo's loopback interface is
 set per mesh, only for hosts on this machine (``LOOPBACK_ENV``).
 Monarch's default ``unhandled_fault_hook`` exits the client (it would kill the notebook
 kernel when any worker dies); we replace it with a dispatcher that fans failures out to
@@ -17,7 +17,7 @@ import warnings
 from typing import Any, Callable
 
 DEFAULT_ENV = {
-    "HYPERACTOR_MESH_SUPERVISION_POLL_FREQUENCY": "1s",
+    "HYPERACTOR_MESH_SUPERVISION_POLL_FREQUENCY": "300ms",
     # A proc that reports no state for this long is failed: calls into a cancelled SLURM
     # allocation raise after ~5.5 s instead of ~61 s (Monarch's default).
     "HYPERACTOR_MESH_GET_PROC_STATE_MAX_IDLE": "5s",
@@ -41,7 +41,7 @@ def configure_environment() -> None:
         # Monarch reads its supervision settings when it is imported.
         warnings.warn(
             "monarch was imported before monarch_nb, so worker failures take ~10 s to detect; "
-            "import monarch_nb first, or set HYPERACTOR_MESH_SUPERVISION_POLL_FREQUENCY=1s",
+            "import monarch_nb first, or set HYPERACTOR_MESH_SUPERVISION_POLL_FREQUENCY=300ms",
             stacklevel=3,
         )
 

@@ -207,6 +207,22 @@ class Session:
             log.debug("unique name of actor mesh %s: %s", name, exc)
         return actors
 
+    def rename(self, old: str, new: str) -> MeshHandle:
+        """Call mesh ``old`` ``new`` from now on (a warm spare taking a failed group's place)."""
+        if not isinstance(new, str) or not _NAME_RE.match(new):
+            raise ValueError(f"mesh name {new!r} is not valid: use letters, digits, '_' or '.'")
+        with self._lock:
+            if old not in self.meshes:
+                raise UnknownMeshError(old, list(self.meshes))
+            if new in self.meshes:
+                raise MonarchNbError(f"a mesh named {new!r} is already up; stop it first")
+            handle = self.meshes.pop(old)
+            handle.name = new
+            self.meshes[new] = handle
+            for actor in handle.actors:
+                self._actor_owner[actor] = new
+        return handle
+
     def replace(self, name: str, timeout: float | None = None) -> MeshHandle:
         """Stop a (failed) mesh and start a fresh one of the same shape, respawning its actors.
 

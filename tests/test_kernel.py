@@ -97,3 +97,26 @@ def test_interpreter_exit_leaves_no_worker_behind(tmp_path):
     pids = json.loads([ln for ln in proc.stdout.splitlines() if ln.startswith("[")][-1])
     assert len(pids) == 6
     assert_gone(pids, timeout=20)
+
+
+def test_tearing_down_a_dead_mesh_in_a_kernel_does_not_wait_out_the_polite_stop(kernel):
+    """In a kernel Monarch forwards worker logs, and its polite stop of a mesh with a dead
+    process then waits its whole timeout (10 s) for that process's log forwarder."""
+    _, client = kernel
+    status, out = run(client, textwrap.dedent("""
+        import os, signal, time, monarch_nb
+        _s = monarch_nb.current_session()
+        for _name in ("a", "b"):
+            _m = _s.up(_name, procs=2)
+            for _p in (_m.procs if _name == "b" else _m.procs[1:]):
+                os.kill(_p.pid, signal.SIGKILL)
+            _end = time.time() + 15
+            while len(_m.failed_ranks) < (2 if _name == "b" else 1) and time.time() < _end:
+                time.sleep(0.05)
+        _t = time.monotonic(); _s.down("a", kill=True); _a = time.monotonic() - _t
+        _t = time.monotonic(); _s.down("b"); _b = time.monotonic() - _t
+        print(f"TEARDOWN {_a:.2f} {_b:.2f}")
+    """))
+    assert status == "ok", out
+    killed, all_dead = (float(x) for x in out.split("TEARDOWN")[1].split()[:2])
+    assert killed < 3 and all_dead < 3, out

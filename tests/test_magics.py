@@ -91,6 +91,10 @@ def test_an_exception_on_some_ranks_is_shown_per_rank_with_the_others_results(sh
     ("inject kill", "the following arguments are required: --replica"),
     ("inject kill --replica 0 --at-step 3 --after 2", "not allowed with argument"),
     ("schedule", "the following arguments are required: --every"),
+    ("train --spares -1", "expected an integer >= 0, got -1"),
+    ("scale 0", "expected a positive integer"),
+    ("schedule --every 5 --at-once 0", "expected a positive integer"),
+    ("up --partition debug", "--partition and --time need --slurm"),
 ])
 def test_bad_line_arguments_raise_usage_error_with_usage(shell, line, expected):
     with pytest.raises(UsageError) as err:
@@ -102,7 +106,11 @@ def test_bad_line_arguments_raise_usage_error_with_usage(shell, line, expected):
 @pytest.mark.parametrize("line, expected", [
     ("inject kill --replica 0", "no fault-tolerant run is active; start one with `%monarch train`"),
     ("stop", "no fault-tolerant run is active"),
+    ("scale 4", "no fault-tolerant run is active"),
     ("train --model gpt5", "model"),
+    ("train --replicas 60 --spares 10", "replicas: 60 groups + 10 spares is more than 64"),
+    ("train --job process --spares 1", "spares: not available with job='process'"),
+    ("train --slurm --job process", "--slurm and --job process disagree"),
 ])
 def test_training_commands_refuse_bad_input_before_starting_anything(shell, msession, line, expected):
     before = set(msession.meshes)

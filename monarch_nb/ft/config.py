@@ -20,12 +20,14 @@ from .restart import RestartPolicy
 # so that validation does not import torchtitan (6 s) in the controller.
 MODELS = ("debugmodel", "1B", "3B", "8B", "70B", "405B")
 JOBS = ("local", "process", "slurm", "kubernetes")
+MAX_GROUPS = 64  # replica groups + spares of one run; beyond it, a typo is likelier than a plan
 
 
 @dataclass(frozen=True)
 class RunConfig:
     # topology
     replicas: int = 3  # R replica groups (torchft replicas)
+    spares: int = 0  # warm standby groups, built and waiting outside the quorum, to replace failed ones
     group_size: int = 1  # G processes per group (FSDP inside the group when > 1)
     job: str = "local"  # where groups run: local procs, ProcessJob "hosts", SLURM, Kubernetes
     partition: str | None = None  # job="slurm": SLURM partition (None: the cluster's default)
@@ -45,11 +47,12 @@ class RunConfig:
     threads_per_proc: int = 1  # torch intra-op threads in each worker
     # torchft
     min_replicas: int = 1
-    heartbeat_timeout_ms: int = 1000
+    heartbeat_timeout_ms: int = 300  # a group silent this long leaves the quorum: bounds survivor stalls
     join_timeout_ms: int = 1000
     quorum_tick_ms: int = 20
     pg_timeout_s: float = 10.0  # cross-replica collectives give up after this
     quorum_timeout_s: float = 60.0
+    heal_transport: str = "http"  # how a recovering group gets a peer's state: "http" or "pg" (see README)
     # Address each worker's torchft servers advertise to its peers: None picks by placement
     # (127.0.0.1 on this machine; the node's own address, from its hostname, on a cluster).
     advertise_host: str | None = None
@@ -76,6 +79,10 @@ class RunConfig:
                 raise ValueError(f"{name}: must be a number > 0, got {v!r}")
 
         need_int("replicas", 1)
+        need_int("spares", 0)
+        if self.replicas + self.spares > MAX_GROUPS:
+            raise ValueError(f"replicas: {self.replicas} groups + {self.spares} spares is more than {MAX_GROUPS}; "
+                             f"allowed: at most {MAX_GROUPS} in all")
         need_int("group_size", 1)
         if self.model not in MODELS:
             raise ValueError(f"model: unknown model {self.model!r}; allowed values: {', '.join(MODELS)}")
@@ -94,6 +101,8 @@ class RunConfig:
         need_pos("lr")
         if self.platform not in PLATFORMS:
             raise ValueError(f"platform: unknown value {self.platform!r}; allowed values: {', '.join(PLATFORMS)}")
+        if self.heal_transport not in ("http", "pg"):
+            raise ValueError(f"heal_transport: unknown value {self.heal_transport!r}; allowed values: http, pg")
         if self.backend not in (None, "gloo", "nccl"):
             raise ValueError(f"backend: unknown value {self.backend!r}; allowed values: gloo, nccl (or None: auto)")
         need_int("min_replicas", 1)

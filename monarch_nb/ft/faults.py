@@ -101,6 +101,7 @@ class FaultSchedule:
     seed: int | None = None
     rank: int | None = None  # None: a random rank of the chosen group
     max_faults: int | None = None
+    at_once: int = 1  # groups hit together in each wave (the seed's runs lost several at a time)
     _rng: random.Random = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -112,14 +113,22 @@ class FaultSchedule:
         self.kinds = tuple(FaultKind.parse(k, "kinds") for k in self.kinds)
         if self.max_faults is not None and self.max_faults < 1:
             raise ValueError(f"max_faults: must be >= 1, got {self.max_faults!r}")
+        if not isinstance(self.at_once, int) or self.at_once < 1:
+            raise ValueError(f"at_once: must be an integer >= 1, got {self.at_once!r}")
         self._rng = random.Random(self.seed)
 
     def next_target(self, replicas: int, group_size: int, eligible: Sequence[int]) -> Fault | None:
+        wave = self.next_wave(group_size, eligible, 1)
+        return wave[0] if wave else None
+
+    def next_wave(self, group_size: int, eligible: Sequence[int], limit: int) -> list[Fault]:
+        """Up to ``at_once`` faults (and at most ``limit``) into distinct eligible groups."""
         pool = list(eligible)
-        if not pool:
-            return None
-        return Fault(kind=self._rng.choice(list(self.kinds)), replica=self._rng.choice(pool),
-                     rank=self.rank if self.rank is not None else self._rng.randrange(group_size))
+        count = min(self.at_once, limit, len(pool))
+        kind = self._rng.choice(list(self.kinds))
+        return [Fault(kind=kind, replica=replica,
+                      rank=self.rank if self.rank is not None else self._rng.randrange(group_size))
+                for replica in self._rng.sample(pool, count)]
 
 
 # ---- worker side ---------------------------------------------------------------------------

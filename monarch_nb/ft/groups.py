@@ -15,10 +15,10 @@ from typing import Any
 
 # Every state a replica group can be in; the dashboard has a style for each.
 STARTING, TRAINING, FAILED, RESPAWNING, HEALING = "starting", "training", "failed", "respawning", "healing"
-STOPPED, GAVE_UP, FINISHED = "stopped", "gave_up", "finished"
-GROUP_STATES = (STARTING, TRAINING, FAILED, RESPAWNING, HEALING, STOPPED, GAVE_UP, FINISHED)
+STOPPED, GAVE_UP, FINISHED, RETIRING, RETIRED = "stopped", "gave_up", "finished", "retiring", "retired"
+GROUP_STATES = (STARTING, TRAINING, FAILED, RESPAWNING, HEALING, STOPPED, GAVE_UP, FINISHED, RETIRING, RETIRED)
 # States in which the supervisor has nothing more to do.
-TERMINAL = (STOPPED, GAVE_UP, FINISHED)
+TERMINAL = (STOPPED, GAVE_UP, FINISHED, RETIRING, RETIRED)
 # States in which a new failure report is news (not a repeat of one being handled).
 WATCHED = (STARTING, TRAINING, HEALING)
 
@@ -68,6 +68,18 @@ class GroupTable:
     def __init__(self, replicas: int) -> None:
         self.lock = threading.RLock()
         self.groups = [ReplicaGroup(r) for r in range(replicas)]
+
+    def add(self) -> ReplicaGroup:
+        """A new group (scale up), with the next unused index."""
+        with self.lock:
+            g = ReplicaGroup(len(self.groups))
+            self.groups.append(g)
+            return g
+
+    def active(self) -> list[ReplicaGroup]:
+        """Groups that are part of the run: not retired, given up on or stopped."""
+        with self.lock:
+            return [g for g in self.groups if g.state not in TERMINAL]
 
     def __iter__(self):  # noqa: ANN204
         return iter(list(self.groups))

@@ -17,7 +17,7 @@ from typing import Any
 
 from .. import views
 from ..telemetry import EventStore
-from ..telemetry.events import ReplicasIdentical, RunStarted, Step
+from ..telemetry.events import ReplicasIdentical, ReplicaState, RunStarted, RunStopped, Step
 from .recovery import Recovery, RecoveryTracker
 
 
@@ -29,6 +29,38 @@ class _Fold:
     identity: list[ReplicasIdentical] = field(default_factory=list)
     config: dict[str, Any] = field(default_factory=dict)
     last_t: float | None = None
+
+
+@dataclass(frozen=True)
+class LossBand:
+    """The outcome of :meth:`RunHistory.loss_band`: steps checked and those outside the band."""
+
+    window: int
+    k: float
+    floor: float
+    checked: int
+    outside: list[int]
+
+    @property
+    def inside_fraction(self) -> float | None:
+        return 1.0 - len(self.outside) / self.checked if self.checked else None
+
+    @property
+    def within(self) -> bool:
+        return self.checked > 0 and not self.outside
+
+    def describe(self) -> str:
+        if not self.checked:
+            return "no step in common with the reference run"
+        return (f"{self.checked - len(self.outside)}/{self.checked} steps inside the no-fault band "
+                f"(mean of {self.window} steps +/- max({self.k:g} std, {self.floor:.0%}))")
+
+
+def _mean_loss_by_step(steps: list[Step]) -> dict[int, float]:
+    by_step: dict[int, list[float]] = {}
+    for e in steps:
+        by_step.setdefault(e.step, []).append(e.loss)
+    return {s: statistics.mean(v) for s, v in by_step.items()}
 
 
 class RunHistory:
@@ -83,6 +115,52 @@ class RunHistory:
             "failures": len(fold.recoveries),
             "identity_checks": [(e.step, e.identical) for e in fold.identity],
         }
+
+    def live_groups(self) -> list[tuple[float, int]]:
+        """How many groups were training, over time: (t, count) at every change."""
+        states: dict[int, str] = {}
+        out: list[tuple[float, int]] = []
+        for e in self.events.events(ReplicaState):
+            states[e.replica] = e.state  # type: ignore[attr-defined]
+            count = sum(1 for s in states.values() if s == "training")
+            if not out or out[-1][1] != count:
+                out.append((e.t, count))
+        return out
+
+    def time_at_group_counts(self) -> dict[int, float]:
+        """Seconds the run spent with each number of training groups (between its first and
+        last change; the stop itself is not counted)."""
+        points = [(t, n) for t, n in self.live_groups()]
+        stopped = self.events.events(RunStopped)
+        end = stopped[-1].t if stopped else (self.events.events()[-1].t if len(self.events) else None)
+        spent: dict[int, float] = {}
+        for (t, n), nxt in zip(points, [p[0] for p in points[1:]] + [end]):
+            if nxt is not None and n > 0:
+                spent[n] = spent.get(n, 0.0) + max(0.0, nxt - t)
+        return dict(sorted(spent.items()))
+
+    def loss_band(self, reference: "RunHistory", *, window: int = 20, k: float = 3.0,
+                  floor: float = 0.05) -> "LossBand":
+        """Did this run's committed loss stay within the band of a run without faults?
+
+        The band at step s is the reference run's mean committed loss over the ``window`` steps
+        around s, plus or minus ``k`` times their standard deviation, and never narrower than
+        ``floor`` times that mean (step-to-step noise of a tiny model is small but not zero).
+        Steps the reference did not reach are not checked."""
+        ref = _mean_loss_by_step(reference.steps())
+        ours = _mean_loss_by_step(self.steps())
+        steps = sorted(ref)
+        outside, checked = [], 0
+        for step, loss in sorted(ours.items()):
+            around = [ref[s] for s in steps if abs(s - step) <= window // 2]
+            if len(around) < 3:
+                continue
+            centre = statistics.mean(around)
+            half = max(k * statistics.pstdev(around), floor * centre)
+            checked += 1
+            if abs(loss - centre) > half:
+                outside.append(step)
+        return LossBand(window=window, k=k, floor=floor, checked=checked, outside=outside)
 
     def dashboard(self) -> Any:
         """A read-only dashboard of this run (the same view a live run shows)."""

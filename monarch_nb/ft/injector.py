@@ -21,12 +21,12 @@ from .groups import HEALING, TRAINING, GroupTable
 
 
 class FaultInjector:
-    def __init__(self, replicas: int, group_size: int, groups: GroupTable, fault_log: str,
+    def __init__(self, group_size: int, groups: GroupTable, fault_log: str,
                  arm: Callable[[Fault], int | None], cluster: Callable[[Fault], int | None],
                  emit: Callable[[Event], None], running: Callable[[], bool]) -> None:
         """``arm(fault)`` arms a fault in its target worker; ``cluster(fault)`` makes a cluster
         kind happen through the scheduler. Both return the step the fault is due at."""
-        self.replicas, self.group_size = replicas, group_size
+        self.group_size = group_size
         self.fault_log = fault_log
         self._groups, self._arm, self._cluster, self._emit, self._running = groups, arm, cluster, emit, running
         self._lock = threading.Lock()
@@ -38,7 +38,7 @@ class FaultInjector:
                after_s: float | None = None, hang_s: float = 30.0) -> Fault:
         fault = Fault(kind=FaultKind.parse(kind), replica=replica, rank=rank, at_step=at_step, after_s=after_s,
                       hang_s=hang_s)
-        fault.validate(self.replicas, self.group_size)
+        fault.validate(len(self._groups.groups), self.group_size)  # groups added by scale() count
         if not self._running():
             raise RuntimeError("inject: the run is not running (call start() first)")
         if fault.after_s:
@@ -73,9 +73,11 @@ class FaultInjector:
         return (self._cluster if fault.kind in CLUSTER_KINDS else self._arm)(fault)
 
     def schedule(self, every: float, kinds: Any = ("kill",), seed: int | None = None,
-                 max_faults: int | None = None, rank: int | None = None) -> FaultSchedule:
-        """Inject a random fault every ``every`` seconds into a random training group."""
-        sched = FaultSchedule(every_s=every, kinds=tuple(kinds), seed=seed, rank=rank, max_faults=max_faults)
+                 max_faults: int | None = None, rank: int | None = None, at_once: int = 1) -> FaultSchedule:
+        """Every ``every`` seconds, one fault (of a random kind) into ``at_once`` random training
+        groups together; one training group is always left standing."""
+        sched = FaultSchedule(every_s=every, kinds=tuple(kinds), seed=seed, rank=rank, max_faults=max_faults,
+                              at_once=at_once)
         self.stop_schedule()
         stop = self._schedule_stop = threading.Event()
 
@@ -83,16 +85,15 @@ class FaultInjector:
             n = 0
             while not stop.wait(sched.every_s) and self._running():
                 live = [g.index for g in self._groups.training()]
-                if len(live) < 2:  # never take the last training group down
-                    continue
-                fault = sched.next_target(self.replicas, self.group_size, live)
-                if fault is None:
-                    continue
-                try:
-                    self.send(fault)
-                except Exception:
-                    continue
-                n += 1
+                limit = len(live) - 1  # never take the last training group down
+                if sched.max_faults is not None:
+                    limit = min(limit, sched.max_faults - n)
+                for fault in sched.next_wave(self.group_size, live, limit) if limit > 0 else []:
+                    try:
+                        self.send(fault)
+                        n += 1
+                    except Exception:
+                        continue
                 if sched.max_faults is not None and n >= sched.max_faults:
                     return
 

@@ -22,6 +22,10 @@ class Placement:
     def up_kwargs(self, index: int) -> dict[str, Any]:
         return {}
 
+    def spare_kwargs(self) -> dict[str, Any]:
+        """Where a warm spare group runs (any group may take its place)."""
+        return {}
+
     def extra_pids(self) -> list[int]:
         """Processes the placement started besides the workers (checked for orphans after stop)."""
         return []
@@ -43,6 +47,9 @@ class HostMeshPlacement(Placement):
     def up_kwargs(self, index: int) -> dict[str, Any]:
         return {"host_mesh": self._host_mesh_for(index)}
 
+    def spare_kwargs(self) -> dict[str, Any]:
+        raise ValueError("spares: not available with host_mesh_for (its host meshes are per group)")
+
 
 class ProcessJobPlacement(Placement):
     """Each group on its own "host" of one Monarch ``ProcessJob`` (separate local processes)."""
@@ -61,6 +68,10 @@ class ProcessJobPlacement(Placement):
             self._job = ProcessJob({"hosts": self.replicas})
             self._hosts = self._job.state(cached_path=None).hosts
         return {"host_mesh": self._hosts.slice(hosts=index)}
+
+    def spare_kwargs(self) -> dict[str, Any]:
+        raise ValueError("spares: not available with job='process' (one ProcessJob host per group); "
+                         "use job='local' or 'slurm'")
 
     def extra_pids(self) -> list[int]:
         return seam.job_host_pids(self._job) if self._job is not None else []
@@ -82,6 +93,9 @@ class SlurmPlacement(Placement):
         self.spec = spec
 
     def up_kwargs(self, index: int) -> dict[str, Any]:
+        return {"job": self.spec}
+
+    def spare_kwargs(self) -> dict[str, Any]:
         return {"job": self.spec}
 
 

@@ -28,6 +28,7 @@ import json
 import os
 import socket
 import time
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, Callable
@@ -66,6 +67,17 @@ def _hash_tensor(h: Any, t: Any) -> None:
         h.update(t.view(torch.uint8).numpy().tobytes() if t.dim() else t.reshape(1).view(torch.uint8).numpy().tobytes())
 
 
+@dataclass
+class _Retry:
+    """A computed step whose gradient average failed: what a retry needs to skip the compute."""
+
+    step: int
+    loss: float
+    local: Any  # this rank's flattened local gradients
+    tokens: int
+    compute_s: float
+
+
 class CommsBroken(RuntimeError):
     """This group cannot talk to its peers any more; it must be replaced."""
 
@@ -82,10 +94,16 @@ def _replica_index(replica_id: str) -> int | None:
 
 
 class ReplicaTrainer:
-    """Build everything in ``__init__``; call :meth:`train_step` in a loop."""
+    """Build everything in ``__init__``; call :meth:`train_step` in a loop.
 
-    def __init__(self, cfg: dict[str, Any], *, replica: int, rank: int, group_size: int, lighthouse: str,
-                 store_port: int | None, data_dir: str, emit: Callable[[dict[str, Any]], None]) -> None:
+    With ``replica=None`` it is a warm spare: model, optimizer and data are built (the
+    expensive part: imports and model construction), but there is no torchft Manager yet, so
+    the Lighthouse does not know it exists. :meth:`join` makes it replica ``r`` in a moment.
+    """
+
+    def __init__(self, cfg: dict[str, Any], *, replica: int | None, rank: int, group_size: int,
+                 lighthouse: str | None, store_port: int | None, data_dir: str,
+                 emit: Callable[[dict[str, Any]], None]) -> None:
         t0 = time.time()
         self.cfg, self.replica, self.rank, self.group_size = cfg, replica, rank, group_size
         self.emit = emit
@@ -118,11 +136,24 @@ class ReplicaTrainer:
         self._build_optim()
         self._build_data(data_dir)
         self._healed_info: dict[str, Any] | None = None
+        self._retry: _Retry | None = None
         self._comms_dead = False
         self._last_quorum_id: int | None = None
-        self.manager = self._build_manager(lighthouse, host)
-        self.quorum_recorder = seam.record_quorums(self.manager)
+        self.host = host
+        self.manager: Any = None
+        if replica is not None:
+            assert lighthouse is not None
+            self.join(replica, lighthouse)
         self.init_seconds = time.time() - t0
+
+    def join(self, replica: int, lighthouse: str) -> float:
+        """Become replica ``replica``: a torchft Manager that joins the next quorum (and heals
+        from a peer there). Returns the seconds it took."""
+        t0 = time.time()
+        self.replica = replica
+        self.manager = self._build_manager(lighthouse, self.host)
+        self.quorum_recorder = seam.record_quorums(self.manager)
+        return time.time() - t0
 
     # ---- construction --------------------------------------------------------------------
 
@@ -228,32 +259,15 @@ class ReplicaTrainer:
 
     def _build_manager(self, lighthouse: str, host: str) -> Any:
         import torchft
-        from torchft.checkpointing.http_transport import HTTPTransport
 
         timeout = timedelta(seconds=float(self.cfg.get("pg_timeout_s", 10)))
-        trainer = self
-
-        class PeerTransport(HTTPTransport):
-            """torchft's HTTP checkpoint transport, advertising a reachable address and
-            recording what each heal moved."""
-
-            def address(self) -> str:
-                return f"http://{host}:{seam.http_transport_port(self)}/checkpoint/"
-
-            def recv_checkpoint(self, src_rank: int, metadata: str, step: int, timeout: timedelta) -> Any:
-                t = time.time()
-                state = super().recv_checkpoint(src_rank, metadata, step, timeout)
-                trainer._recv_info = {"seconds": time.time() - t, "bytes": _tensor_bytes(state),
-                                      "src_rank": src_rank, "step": step}
-                return state
-
-        self._recv_info: dict[str, Any] | None = None
-        self.transport = PeerTransport(timeout=timeout, num_chunks=0)
         if self.platform.backend == "nccl":
             pg = torchft.ProcessGroupNCCL(timeout=timeout)
         else:
             pg = torchft.ProcessGroupGloo(timeout=timeout)
         self.ft_pg = pg
+        self._recv_info: dict[str, Any] | None = None
+        self.transport = self._heal_transport(str(self.cfg.get("heal_transport") or "http"), host, pg, timeout)
         return torchft.Manager(
             pg=pg,
             load_state_dict=self._load_state_dict,
@@ -274,6 +288,37 @@ class ReplicaTrainer:
             checkpoint_transport=self.transport,
             init_sync=False,  # every replica starts from the same seed; hashes prove it
         )
+
+    def _heal_transport(self, kind: str, host: str, pg: Any, timeout: timedelta) -> Any:
+        """torchft's checkpoint transport for heals, recording what each heal moved: "http" (a
+        checkpoint server per rank, advertising a reachable address) or "pg" (the state goes
+        over the cross-replica process group the quorum just configured)."""
+        trainer = self
+
+        def recorded(recv: Callable[..., Any]) -> Callable[..., Any]:
+            def recv_checkpoint(src_rank: int, metadata: str, step: int, timeout: timedelta) -> Any:
+                t = time.time()
+                state = recv(src_rank, metadata, step, timeout)
+                trainer._recv_info = {"seconds": time.time() - t, "bytes": _tensor_bytes(state),
+                                      "src_rank": src_rank, "step": step}
+                return state
+
+            return recv_checkpoint
+
+        if kind == "pg":
+            from torchft.checkpointing.pg_transport import PGTransport
+
+            transport = PGTransport(pg, timeout=timeout, device=self.device)
+        else:
+            from torchft.checkpointing.http_transport import HTTPTransport
+
+            class PeerTransport(HTTPTransport):
+                def address(self) -> str:  # the node's reachable address, not its hostname
+                    return f"http://{host}:{seam.http_transport_port(self)}/checkpoint/"
+
+            transport = PeerTransport(timeout=timeout, num_chunks=0)
+        transport.recv_checkpoint = recorded(transport.recv_checkpoint)
+        return transport
 
     # ---- state that torchft moves between peers (read live, loaded in place) --------------
 
@@ -340,7 +385,7 @@ class ReplicaTrainer:
         return {"params": hp.hexdigest(), "optim": ho.hexdigest()}
 
     def current_step(self) -> int:
-        return self.manager.current_step()
+        return self.manager.current_step() if self.manager is not None else 0
 
     def train_step(self, fault_point: Callable[[int], None] | None = None) -> dict[str, Any]:
         """One fault-tolerant step; returns the step record (also emitted)."""
@@ -357,6 +402,7 @@ class ReplicaTrainer:
             members = [_replica_index(r) for r in q.replica_ids]
             self.emit({"kind": "quorum", "quorum_id": int(q.quorum_id), "participants": members,
                        "replica": self.replica, "rank": self.rank, "t": time.time()})
+        healed = self._healed_info is not None
         if self._healed_info is not None:
             info, self._healed_info = self._healed_info, None
             recv = self._recv_info or {}
@@ -371,18 +417,29 @@ class ReplicaTrainer:
                        "seconds": recv.get("seconds", 0.0) + info["apply_seconds"],
                        "source_replica": src, "t": time.time()})
         step = self.manager.current_step() + 1
+        # A step whose gradient average failed (a peer died in it) is retried with the gradients
+        # already computed: data is a pure function of the step, and the parameters have not
+        # changed, so recomputing would give the same numbers one step time later.
+        retry, self._retry = self._retry, None
+        if retry is not None and (retry.step != step or healed):
+            retry = None
         t_compute = time.time()
-        inputs, labels = self.batch(step)
-        self.optimizers.zero_grad()
-        pred = self.model(inputs)
-        n_tokens = torch.tensor(labels.numel(), device=self.device)
-        loss, _ = self.loss_fn(pred, labels, n_tokens)
-        loss.backward()
-        del pred
+        if retry is None:
+            inputs, labels = self.batch(step)
+            self.optimizers.zero_grad()
+            pred = self.model(inputs)
+            n_tokens = torch.tensor(labels.numel(), device=self.device)
+            loss, _ = self.loss_fn(pred, labels, n_tokens)
+            loss.backward()
+            del pred
+            grads = [_local(p.grad) for p in self.model.parameters() if p.grad is not None]
+            local = torch.cat([g.reshape(-1) for g in grads])
+            retry = _Retry(step, float(loss.detach()), local, labels.numel(), time.time() - t_compute)
+        else:
+            grads = [_local(p.grad) for p in self.model.parameters() if p.grad is not None]
         if fault_point is not None:
             fault_point(step)
-        grads = [_local(p.grad) for p in self.model.parameters() if p.grad is not None]
-        flat = torch.cat([g.reshape(-1) for g in grads])
+        flat = retry.local.clone()  # the average is computed in place; keep our own for a retry
         self.manager.allreduce(flat).wait()
         if self.manager.errored() is not None:
             # A peer failed mid-collective. Drop our connections now: other survivors still
@@ -399,10 +456,12 @@ class ReplicaTrainer:
         if committed:
             self.optimizers.step()
             self.lr_schedulers.step()
+        elif not self._comms_dead:
+            self._retry = retry
         t1 = time.time()
         rec = {"kind": "step", "replica": self.replica, "rank": self.rank, "step": step,
-               "loss": float(loss.detach()), "committed": bool(committed),
-               "tokens_per_s": labels.numel() / max(t1 - t_compute, 1e-9), "seconds": t1 - t0,
+               "loss": retry.loss, "committed": bool(committed),
+               "tokens_per_s": retry.tokens / max(retry.compute_s, 1e-9), "seconds": t1 - t0,
                "quorum_id": self._last_quorum_id, "participants": participants, "t": t1}
         self.emit(rec)
         return rec
@@ -423,6 +482,8 @@ class ReplicaTrainer:
             pass
 
     def shutdown(self) -> None:
+        if self.manager is None:
+            return
         try:
             self.manager.shutdown(wait=False)
         except Exception:

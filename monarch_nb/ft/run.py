@@ -18,6 +18,7 @@ run), :mod:`.groups` (the shared group table and its lock), :mod:`.recovery` and
 from __future__ import annotations
 
 import atexit
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -26,10 +27,10 @@ from typing import Any, Callable
 from .. import views
 from ..session import runs_root
 from ..telemetry import EventStore
-from ..telemetry.events import Event, ReplicasIdentical, RunStarted, RunStopped, Step
-from .config import RunConfig
+from ..telemetry.events import Event, ReplicasIdentical, RunStarted, RunStopped, Scaled, Step
+from .config import MAX_GROUPS, RunConfig
 from .faults import Fault, FaultKind, FaultSchedule, record_firing
-from .groups import GAVE_UP, STARTING, STOPPED, TRAINING, GroupTable, ReplicaGroup
+from .groups import GAVE_UP, RETIRED, STARTING, STOPPED, TRAINING, GroupTable, ReplicaGroup
 from .history import RunHistory
 from .identity import IdentityChecks
 from .ingest import EventIngest
@@ -70,6 +71,8 @@ class FTRun:
             cfg = cfg.replace(**overrides)
         self.config = cfg.validate()
         self.placement = placement_for(self.config, host_mesh_for)
+        if cfg.spares:
+            self.placement.spare_kwargs()  # refuses a placement that cannot hold spares, before anything starts
         self.run_id = cfg.run_name or time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
         self.run_dir = runs_root(cfg.runs_root) / self.run_id
         if (self.run_dir / "events.jsonl").exists():
@@ -81,10 +84,11 @@ class FTRun:
         self.lighthouse: Lighthouse | None = None
         self.groups = GroupTable(cfg.replicas)
         self.identity = IdentityChecks(cfg.group_size, self.events.append)
-        self.faults = FaultInjector(cfg.replicas, cfg.group_size, self.groups, self.fault_log, self._arm_fault,
+        self.faults = FaultInjector(cfg.group_size, self.groups, self.fault_log, self._arm_fault,
                                     self._cluster_fault, self.events.append, lambda: self.started and not self.stopped)
         self.supervisor: Supervisor | None = None
         self._unsubscribe: Callable[[], None] | None = None
+        self._scaling = threading.Lock()
         self._dashboard: Any = None
         self.started = False
         self.stopped = False
@@ -109,9 +113,49 @@ class FTRun:
     def history(self) -> RunHistory:
         return RunHistory(self.events, self.run_dir)
 
-    def status(self) -> dict[int, dict[str, Any]]:
-        """Per group: state, last committed step, restarts so far, worker pids."""
-        return self.groups.status()
+    def status(self) -> dict[int | str, dict[str, Any]]:
+        """Per group: state, last committed step, restarts so far, worker pids; and per warm
+        spare (keys ``spare0``, ...): building or ready, and its pids."""
+        out: dict[int | str, dict[str, Any]] = dict(self.groups.status())
+        if self.supervisor is not None and self.supervisor.spares is not None:
+            out.update(self.supervisor.spares.status())
+        return out
+
+    # ---- elastic resize -----------------------------------------------------------------
+
+    def scale(self, replicas: int, timeout: float | None = None) -> Scaled:
+        """Resize the run to ``replicas`` groups while it trains: new groups come from warm spares
+        first, else fresh processes, and heal from a peer; surplus groups (the newest first) leave
+        at a step boundary and are recorded as retired, not failed. Blocks until done."""
+        cfg = self.config
+        if not isinstance(replicas, int) or isinstance(replicas, bool):
+            raise ValueError(f"replicas: must be an integer, got {replicas!r}")
+        if not self.started or self.stopped or self.supervisor is None:
+            raise RuntimeError("scale: the run is not running (start() it first; a stopped run cannot be resized)")
+        if not cfg.min_replicas <= replicas <= MAX_GROUPS - cfg.spares:
+            raise ValueError(f"replicas: {replicas} is not allowed; allowed: {cfg.min_replicas} (min_replicas) "
+                             f"to {MAX_GROUPS - cfg.spares}")
+        if not self._scaling.acquire(blocking=False):
+            raise RuntimeError("scale: a scale is already in progress; wait for it to finish")
+        try:
+            active = self.groups.active()
+            added: list[int] = []
+            retired: list[int] = []
+            if replicas > len(active):
+                for _ in range(replicas - len(active)):
+                    g = self.groups.add()
+                    self.supervisor.add_group(g)
+                    added.append(g.index)
+                if timeout is not None:
+                    self.wait_for_step(max(g.step for g in active) + 1, replicas=added, timeout=timeout)
+            for g in sorted(active, key=lambda g: -g.index)[:max(0, len(active) - replicas)]:
+                self.supervisor.retire(g)
+                retired.append(g.index)
+            event = Scaled(replicas=replicas, added=added, retired=retired)
+            self.events.append(event)
+            return event
+        finally:
+            self._scaling.release()
 
     # ---- start ------------------------------------------------------------------------
 
@@ -137,7 +181,8 @@ class FTRun:
                 heartbeat_timeout_ms=cfg.heartbeat_timeout_ms)).start()
             sup = self.supervisor = Supervisor(cfg, self._session, self.groups, self.placement,
                                                EventIngest(cfg.group_size), self.identity, self.events.append,
-                                               self.faults.fired_time, self._trainer_args)
+                                               self.faults.fired_time, self._trainer_args,
+                                               lambda: self.lighthouse.address)
             self._unsubscribe = self._session.on_failure(sup.on_worker_failed)
             for g in self.groups:
                 sup.set_state(g, STARTING)
@@ -152,12 +197,18 @@ class FTRun:
             self.stop(reason="failed to start")
             raise
         sup.watch()
+        if sup.spares is not None:
+            sup.spares.fill()  # in the background, after the groups: they compete for the same cores
         return self
 
-    def _trainer_args(self, g: ReplicaGroup, store_port: int | None) -> tuple:
+    def _trainer_args(self, g: ReplicaGroup | None, store_port: int | None) -> tuple:
+        """TrainerActor's arguments for group ``g``, or for a warm spare (``g`` None: no replica
+        and no Lighthouse until it is activated)."""
         assert self.lighthouse is not None and self.lighthouse.address
         worker_cfg = {**self.config.to_dict(), "restart": None,
                       "advertise_host": self.config.advertise_host or self.placement.advertise_host}
+        if g is None:
+            return (worker_cfg, None, None, store_port, self.data_dir, self.fault_log, 0)
         return (worker_cfg, g.index, self.lighthouse.address, store_port, self.data_dir, self.fault_log, g.attempts)
 
     # ---- faults -----------------------------------------------------------------------
@@ -173,9 +224,10 @@ class FTRun:
         return self.faults.inject(kind, replica, rank, at_step=at_step, after_s=after_s, hang_s=hang_s)
 
     def schedule(self, every: float, kinds: Any = ("kill",), seed: int | None = None,
-                 max_faults: int | None = None, rank: int | None = None) -> FaultSchedule:
-        """Inject a random fault every ``every`` seconds into a random training group."""
-        return self.faults.schedule(every, kinds, seed=seed, max_faults=max_faults, rank=rank)
+                 max_faults: int | None = None, rank: int | None = None, at_once: int = 1) -> FaultSchedule:
+        """Every ``every`` seconds inject a random fault kind into ``at_once`` random training
+        groups together (waves); the last training group is never taken down."""
+        return self.faults.schedule(every, kinds, seed=seed, max_faults=max_faults, rank=rank, at_once=at_once)
 
     def stop_schedule(self) -> None:
         self.faults.stop_schedule()
@@ -249,7 +301,7 @@ class FTRun:
                     self._session.down(g.name)
                 except Exception:
                     pass
-                if g.state != GAVE_UP:
+                if g.state not in (GAVE_UP, RETIRED):
                     self.supervisor.set_state(g, STOPPED)
         self.placement.close()
         if self.lighthouse is not None:

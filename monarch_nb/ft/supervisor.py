@@ -22,16 +22,33 @@ from typing import Any, Callable
 from ..meshes import pid_alive
 from ..telemetry.events import Acquired, Event, FailureDetected, GaveUp, ReplicaState, Respawned, TornDown
 from .config import RunConfig
-from .groups import FAILED, FINISHED, GAVE_UP, HEALING, RESPAWNING, TERMINAL, TRAINING, Failure, GroupTable, ReplicaGroup
+from .groups import (
+    FAILED,
+    FINISHED,
+    GAVE_UP,
+    HEALING,
+    RESPAWNING,
+    RETIRED,
+    RETIRING,
+    STARTING,
+    TERMINAL,
+    TRAINING,
+    Failure,
+    GroupTable,
+    ReplicaGroup,
+)
 from .identity import IdentityChecks
 from .ingest import EventIngest, HashReport
 from .placement import Placement
+from .spares import Spare, SparePool
 
 log = logging.getLogger(__name__)
 
 # Environment of worker processes (on top of the controller's, which they inherit): torchft's
 # Rust side logs every quorum and commit at INFO; one intra-op thread per process on CPU.
 WORKER_ENV = {"RUST_LOG": "warn", "OMP_NUM_THREADS": "1"}
+# How long a pid check that found a dead rank waits for Monarch's report of how it died.
+SUPERVISION_REPORT_WAIT_S = 0.6
 
 
 def _free_port(host: str = "127.0.0.1") -> int:
@@ -46,10 +63,16 @@ class Supervisor:
     def __init__(self, config: RunConfig, session: Any, groups: GroupTable, placement: Placement,
                  ingest: EventIngest, identity: IdentityChecks, emit: Callable[[Event], None],
                  fired_time: Callable[[int], float | None],
-                 trainer_args: Callable[[ReplicaGroup, int | None], tuple]) -> None:
+                 trainer_args: Callable[[ReplicaGroup | None, int | None], tuple],
+                 lighthouse: Callable[[], str]) -> None:
+        """``trainer_args(group, store_port)`` are TrainerActor's arguments (group None: a spare);
+        ``lighthouse()`` is the Lighthouse's address now."""
         self.config, self.session, self.groups, self.placement = config, session, groups, placement
         self.ingest, self.identity, self._emit = ingest, identity, emit
-        self._fired_time, self._trainer_args = fired_time, trainer_args
+        self._fired_time, self._trainer_args, self._lighthouse = fired_time, trainer_args, lighthouse
+        self.spares: SparePool | None = None
+        if config.spares:
+            self.spares = SparePool(config.spares, self.build_spare, self.teardown_spare, emit)
         self.stopping = threading.Event()
         self.spawned_pids: list[int] = []  # every worker process started (orphan checks)
         self._threads: list[threading.Thread] = []
@@ -62,21 +85,56 @@ class Supervisor:
 
     # ---- bringing a group up -----------------------------------------------------------
 
-    def spawn(self, g: ReplicaGroup) -> float:
-        """Fresh processes and trainer actors for ``g`` (they build the model in __init__, in the
-        background); returns how long the processes took to come up."""
+    def _bring_up(self, mesh: str, actor: str, kwargs: dict[str, Any], trainer_args: Callable[[int | None], tuple]
+                  ) -> tuple[Any, list[tuple[int, str]], float]:
+        """Processes on a new mesh and trainer actors on them (they build the model in __init__,
+        in the background): (actors, (pid, host) per rank, seconds the processes took)."""
         cfg = self.config
         t0 = time.monotonic()
-        handle = self.session.up(g.name, procs=cfg.group_size, env={**WORKER_ENV, **cfg.env}, timeout=60.0,
-                                 **self.placement.up_kwargs(g.index))
+        handle = self.session.up(mesh, procs=cfg.group_size, env={**WORKER_ENV, **cfg.env}, timeout=60.0, **kwargs)
         acquired_s = time.monotonic() - t0
         store_port = _free_port() if cfg.group_size > 1 else None
-        actors = self.session.spawn(f"trainer{g.index}", _trainer_class(), *self._trainer_args(g, store_port),
-                                    mesh=g.name)
+        actors = self.session.spawn(actor, _trainer_class(), *trainer_args(store_port), mesh=mesh)
         procs = [(p.pid, p.host) for p in handle.procs if p.pid]
         self.spawned_pids.extend(pid for pid, _ in procs)
+        return actors, procs, acquired_s
+
+    def spawn(self, g: ReplicaGroup) -> float:
+        """Fresh processes and trainers for ``g``; returns how long the processes took to come up."""
+        actors, procs, acquired_s = self._bring_up(g.name, f"trainer{g.index}", self.placement.up_kwargs(g.index),
+                                                   lambda port: self._trainer_args(g, port))
         self.groups.attach(g, actors, procs, time.monotonic())
         return acquired_s
+
+    # ---- warm spares -------------------------------------------------------------------
+
+    def build_spare(self, spare: Spare) -> None:
+        """A spare: processes and built trainers with no torchft Manager (see spares.py)."""
+        spare.actors, spare.procs, _ = self._bring_up(spare.mesh, f"trainer_{spare.mesh}",
+                                                      self.placement.spare_kwargs(),
+                                                      lambda port: self._trainer_args(None, port))
+        deadline = time.monotonic() + self.config.init_timeout_s
+        while time.monotonic() < deadline and not self.stopping.is_set():
+            result = self.session.deadline(spare.actors, 10.0).poll.gather()
+            if result.errors:
+                rank, err = next(iter(result.errors.items()))
+                raise RuntimeError(f"{spare.mesh} rank {rank}: {err}")
+            if len(result.values) == self.config.group_size and \
+                    all(v.get("state") == "spare" for v in result.values.values()):
+                return
+        raise TimeoutError(f"{spare.mesh}: not built within {self.config.init_timeout_s:g} s")
+
+    def teardown_spare(self, spare: Spare) -> None:
+        try:
+            self.session.down(spare.mesh, kill=True)
+        except Exception as exc:  # already gone
+            log.debug("tearing down %s: %s", spare.mesh, exc)
+
+    def adopt(self, g: ReplicaGroup, spare: Spare) -> None:
+        """A ready spare takes ``g``'s place: its mesh becomes ``g``'s and it joins as ``g``."""
+        self.session.rename(spare.mesh, g.name)
+        self.groups.attach(g, spare.actors, spare.procs, time.monotonic())
+        self.call(g, "activate", g.index, self._lighthouse(), g.attempts, timeout=30.0)
 
     def wait_ready(self, g: ReplicaGroup, deadline: float) -> None:
         """Poll until every rank's actor is constructed."""
@@ -133,15 +191,19 @@ class Supervisor:
 
     # ---- watching ----------------------------------------------------------------------
 
-    def watch(self) -> None:
-        for g in self.groups:
+    def watch(self, groups: list[ReplicaGroup] | None = None) -> None:
+        """One supervisor thread per group (every group by default)."""
+        for g in groups if groups is not None else list(self.groups):
             t = threading.Thread(target=self._watch_group, args=(g,), name=f"ft-supervise-{g.name}", daemon=True)
             t.start()
             self._threads.append(t)
 
     def on_worker_failed(self, event: Any) -> None:
         """Session listener (Monarch's thread): hand the failure to the group's supervisor."""
-        g = self.groups.by_name(getattr(event, "mesh", ""))
+        mesh = getattr(event, "mesh", "")
+        if self.spares is not None and self.spares.failed(mesh, getattr(event, "reason", "process failed")):
+            return
+        g = self.groups.by_name(mesh)
         if g is not None:
             self.groups.signal_failure(g, Failure(getattr(event, "reason", "process failed"),
                                                   getattr(event, "rank", None), time.time(), "supervision"))
@@ -154,7 +216,7 @@ class Supervisor:
                 return
             try:
                 failure = self.check(g)
-                if failure is not None and not self.stopping.is_set():
+                if failure is not None and not self.stopping.is_set() and g.state not in TERMINAL:
                     self.recover(g, failure)
             except Exception as e:  # never let the supervisor die silently
                 log.exception("supervising %s: %s", g.name, e)
@@ -176,16 +238,17 @@ class Supervisor:
             return failure
         dead = self._dead_rank(g)
         if dead is not None:
-            # Give Monarch supervision a moment to say how it died (signal, exit code).
-            deadline = time.monotonic() + 2.0
+            # Give Monarch supervision (it polls every 300 ms) a moment to say how it died
+            # (signal, exit code): after the teardown its report can no longer be matched.
+            deadline = time.monotonic() + SUPERVISION_REPORT_WAIT_S
             while self.groups.take_failure(g) is None and time.monotonic() < deadline and not self.stopping.is_set():
                 time.sleep(0.05)
             told = self.groups.take_failure(g)
             if told is not None:
                 return Failure(told.reason, told.rank, min(dead.t, told.t), told.source)
             return dead
-        timeout = max(0.5, min(2.0, self.config.hang_timeout_s / 2))
-        result = self.poll(g, timeout)
+        # Short polls: a hung group is then noticed within hang_timeout_s + about one poll.
+        result = self.poll(g, max(0.2, min(0.5, self.config.hang_timeout_s / 4)))
         now = time.monotonic()
         told = self.groups.take_failure(g)
         if told is not None:  # supervision spoke while we were waiting
@@ -221,7 +284,7 @@ class Supervisor:
         fired = self._fired_time(g.index)
         self.ingest.expect_rejoin(g.index, fired or failure.t)
         self._emit(FailureDetected(t=failure.t, replica=g.index, rank=failure.rank, reason=failure.reason,
-                                   detection_s=(failure.t - fired) if fired else None))
+                                   detection_s=(failure.t - fired) if fired else None, source=failure.source))
         self.set_state(g, FAILED, failure.reason[:200])
         while not self.stopping.is_set() and not getattr(self.session, "_closed", False):
             self.teardown(g)
@@ -237,10 +300,7 @@ class Supervisor:
             self.set_state(g, RESPAWNING, f"attempt {attempt}")
             t0 = time.time()
             try:
-                acquired_s = self.spawn(g)
-                how = "allocation" if self.placement.name == "slurm" else "spawn"
-                self._emit(Acquired(t=t0 + acquired_s, replica=g.index, how=how, seconds=acquired_s))
-                self.wait_ready(g, time.monotonic() + self.config.init_timeout_s)
+                self.acquire(g, t0)
                 if self.stopping.is_set():
                     return
                 self.start_training(g)
@@ -255,6 +315,52 @@ class Supervisor:
             g.last_answer = time.monotonic()
             return
 
+    def acquire(self, g: ReplicaGroup, t0: float) -> None:
+        """Processes and built trainers for ``g``: a ready spare if there is one, else fresh ones
+        (spawned, or a new allocation). Records the ``acquired`` phase."""
+        spare = self.spares.take() if self.spares is not None else None
+        if spare is not None:
+            self.adopt(g, spare)
+            self._emit(Acquired(replica=g.index, how="spare", seconds=time.time() - t0))
+            return
+        acquired_s = self.spawn(g)
+        how = "allocation" if self.placement.name == "slurm" else "spawn"
+        self._emit(Acquired(t=t0 + acquired_s, replica=g.index, how=how, seconds=acquired_s))
+        self.wait_ready(g, time.monotonic() + self.config.init_timeout_s)
+
+    # ---- resizing ----------------------------------------------------------------------
+
+    def add_group(self, g: ReplicaGroup) -> None:
+        """A new group joins the running job (scale up): from a spare, else fresh processes; it
+        heals from a peer at its first quorum, and its first committed step is recorded as its
+        (re)join."""
+        self.set_state(g, STARTING, "scale up")
+        self.acquire(g, time.time())
+        self.ingest.expect_rejoin(g.index, time.time())
+        self.start_training(g)
+        self.set_state(g, HEALING)
+        g.last_answer = time.monotonic()
+        self.watch([g])
+
+    def retire(self, g: ReplicaGroup, timeout: float = 30.0) -> None:
+        """The group leaves at a step boundary (scale down): recorded as retired, not failed."""
+        self.set_state(g, RETIRING)
+        self.call(g, "retire", timeout=10.0)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            result = self.session.deadline(g.actors, 5.0).poll.gather()
+            if result.values and all(v.get("state") == "retired" for v in result.values.values()):
+                break
+            if result.errors or g.failure is not None:
+                break
+            time.sleep(0.05)
+        self.set_state(g, RETIRED)
+        g.wake.set()
+        try:
+            self.session.down(g.name)
+        except Exception as exc:
+            log.debug("stopping retired %s: %s", g.name, exc)
+
     # ---- stopping ----------------------------------------------------------------------
 
     def stop(self, timeout: float = 30.0) -> None:
@@ -263,6 +369,9 @@ class Supervisor:
             g.wake.set()
         for t in self._threads:
             t.join(timeout=timeout)
+        if self.spares is not None:
+            for spare in self.spares.stop():
+                self.teardown_spare(spare)
 
 
 def _trainer_class() -> type:

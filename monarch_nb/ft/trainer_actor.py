@@ -30,7 +30,9 @@ _SELF_EXIT_AFTER_FAILURE_S = 120.0
 
 
 class TrainerActor(Actor):
-    def __init__(self, cfg: dict[str, Any], replica: int, lighthouse: str, store_port: int | None,
+    """One rank of a replica group; with ``replica=None`` a warm spare until ``activate``."""
+
+    def __init__(self, cfg: dict[str, Any], replica: int | None, lighthouse: str | None, store_port: int | None,
                  data_dir: str, fault_log: str | None = None, attempt: int = 0) -> None:
         point = current_rank()
         self.rank = int(point.rank)
@@ -48,13 +50,14 @@ class TrainerActor(Actor):
         self._thread: threading.Thread | None = None
         self._armed: list[dict[str, Any]] = []
         self._hash_steps: set[int] = set()
+        self._retire = threading.Event()
         self._max_steps = cfg.get("steps")
         from .replica_trainer import ReplicaTrainer
 
         self.trainer = ReplicaTrainer(cfg, replica=replica, rank=self.rank, group_size=self.group_size,
                                      lighthouse=lighthouse, store_port=store_port, data_dir=data_dir,
                                      emit=self._emit)
-        self._state = "ready"
+        self._state = "ready" if replica is not None else "spare"
         self._emit({"kind": "ready", "replica": replica, "rank": self.rank, "pid": os.getpid(),
                     "init_seconds": self.trainer.init_seconds, "platform": self.trainer.platform.describe(),
                     "t": time.time()})
@@ -100,6 +103,10 @@ class TrainerActor(Actor):
         self._state = "training"
         try:
             while not self._stop.is_set():
+                if self._retire.is_set():  # leave at a step boundary: nothing half-done
+                    self.trainer.shutdown()
+                    self._state = "retired"
+                    break
                 if self._max_steps is not None and self.trainer.current_step() >= self._max_steps:
                     self._state = "finished"
                     break
@@ -128,6 +135,23 @@ class TrainerActor(Actor):
             self._fail(f"exception: {type(e).__name__}: {e}")
 
     # ---- endpoints --------------------------------------------------------------------------
+
+    @endpoint
+    def activate(self, replica: int, lighthouse: str, attempt: int = 0) -> float:
+        """A warm spare becomes rank ``rank`` of replica group ``replica``: it gets its torchft
+        Manager (it joins the next quorum and heals from a peer there). Returns seconds taken."""
+        if self.replica is not None:
+            raise RuntimeError(f"this trainer is already replica {self.replica}")
+        seconds = self.trainer.join(replica, lighthouse)
+        self.replica, self.attempt = replica, attempt
+        self._state = "ready"
+        return seconds
+
+    @endpoint
+    def retire(self) -> bool:
+        """Leave the run after the current step (elastic scale-down): not a failure."""
+        self._retire.set()
+        return True
 
     @endpoint
     def start(self) -> bool:

@@ -299,7 +299,7 @@ class Dashboard:
                     if p == HEADER:
                         values[p] = render.header_html(m, now)
                     elif p == HEALTH:
-                        values[p] = render.health_html(m.health_cells(now))
+                        values[p] = render.health_html(m.health_cells(now), m.spares)
                         if m.mark_drawn():
                             self._dirty.add(HEALTH)  # next frame (after the throttle) shows the current state
                     elif p == QUORUM:
@@ -309,7 +309,8 @@ class Dashboard:
                     elif p == CONTROLS:
                         values[p] = (sorted(m.replicas), m.live or m.run_id is None)
                     elif p == PLOT:
-                        values[p] = m.plot_data()
+                        values[p] = (m.plot_data(), render.live_groups_svg(m.live_series, m.started_t,
+                                                                          m.reference_time(now)))
                     cost[p] = time.thread_time() - c0
                 scheduled = time.monotonic()
                 for p in panels:
@@ -328,9 +329,9 @@ class Dashboard:
                 elif p == CONTROLS:
                     self._render_controls(*values[p])
                 elif p == PLOT:
-                    png = self._plot.render(values[p], legend=False)
-                    self._set(p, self.plot, png)
-                    self._set(p, self.plot_caption, render.plot_legend_html(values[p]))
+                    data, strip = values[p]
+                    self._set(p, self.plot, self._plot.render(data, legend=False))
+                    self._set(p, self.plot_caption, render.plot_legend_html(data) + strip)
                 cost[p] += time.thread_time() - c0
             with self._lock:
                 for p in panels:

@@ -37,6 +37,8 @@ from ..telemetry.events import (
     Respawned,
     RunStarted,
     RunStopped,
+    Scaled,
+    SpareState,
     Step,
     TornDown,
     WorkerFailed,
@@ -176,6 +178,8 @@ class DashboardModel:
         self.tracker = RecoveryTracker()
         self._recovery: Recovery | None = None  # what the event being applied changed
         self.identical: tuple[int, bool] | None = None
+        self.live_series: list[tuple[float, int]] = []  # (t, groups training) at every change
+        self.spares: dict[int, tuple[str, str]] = {}  # warm spare -> (state, detail), while it waits
         self.log: deque[LogLine] = deque(maxlen=log_size)
         self.events_seen = 0
 
@@ -259,7 +263,26 @@ class DashboardModel:
         rec = self._replica(e.replica, e.t)
         new_replica = rec.state == "starting" and rec.steps_attempted == 0
         self._set_state(rec, e.state, e.detail)
-        return {HEALTH, CONTROLS} if new_replica else {HEALTH}
+        changed = {HEALTH, CONTROLS} if new_replica else {HEALTH}
+        live = sum(1 for r in self.replicas.values() if r.state == "training")
+        if not self.live_series or self.live_series[-1][1] != live:
+            self.live_series.append((e.t, live))
+            changed.add(PLOT)
+        return changed
+
+    def _on_SpareState(self, e: SpareState) -> set[str]:
+        if e.state in ("building", "ready"):
+            self.spares[e.spare] = (e.state, e.detail)
+        else:
+            self.spares.pop(e.spare, None)
+        if e.state in ("taken", "failed"):
+            self._log(e, f"spare {e.spare} {e.state}" + (f": {e.detail}" if e.detail else ""))
+        return {HEALTH, TIMELINE}
+
+    def _on_Scaled(self, e: Scaled) -> set[str]:
+        parts = ([f"added {e.added}"] if e.added else []) + ([f"retired {e.retired}"] if e.retired else [])
+        self._log(e, f"scaled to {e.replicas} groups ({', '.join(parts) or 'no change'})")
+        return {TIMELINE, HEALTH}
 
     def _on_Step(self, e: Step) -> set[str]:
         rec = self._replica(e.replica, e.t)

@@ -99,14 +99,52 @@ def legend_html() -> str:
             f"line-height:1.7;margin-top:3px'>{' '.join(items)}</div>")
 
 
-def health_html(cells: list[HealthCell]) -> str:
+def spares_html(spares: dict[int, tuple[str, str]]) -> str:
+    """Warm spare groups waiting outside the quorum (built, or still building)."""
+    if not spares:
+        return ""
+    items = []
+    for index, (state, detail) in sorted(spares.items()):
+        st = style_of(state)
+        items.append(f"<span class='mnb-spare' data-spare='{index}' data-state='{_e(state)}' title='{_e(detail)}' "
+                     f"style='background:{st.background};color:{st.foreground};padding:0 5px;border-radius:3px;"
+                     f"margin-right:4px;white-space:nowrap'>{_e(st.glyph)} spare {index} {_e(st.label)}</span>")
+    return f"<div class='mnb-spares' style='margin-top:4px;font-size:12px'>{''.join(items)}</div>"
+
+
+def health_html(cells: list[HealthCell], spares: dict[int, tuple[str, str]] | None = None) -> str:
     if not cells:
         return "<div class='mnb-health' data-cells='0'><i>no processes yet</i></div>"
     columns = max(c.rank for c in cells) + 1
     body = "".join(_cell_html(c) for c in cells)
     return (f"<div class='mnb-health' data-cells='{len(cells)}' style='display:inline-block;min-width:250px'>"
             f"<div style='display:grid;grid-template-columns:repeat({columns},max-content);gap:4px'>{body}</div>"
-            f"{legend_html()}</div>")
+            f"{spares_html(spares or {})}{legend_html()}</div>")
+
+
+def live_groups_svg(series: list[tuple[float, int]], t0: float | None, end: float, width: int = 600,
+                    height: int = 56) -> str:
+    """A strip under the loss plot: how many groups trained, over the run's wall time."""
+    if not series or t0 is None:
+        return ""
+    top = max(n for _, n in series) or 1
+    span = max(end - t0, 1e-6)
+    x = lambda t: 30 + (width - 36) * (max(t, t0) - t0) / span  # noqa: E731
+    y = lambda n: 6 + (height - 18) * (1 - n / top)  # noqa: E731
+    points, last = [], None
+    for t, n in series:
+        if last is not None:
+            points.append(f"{x(t):.1f},{y(last):.1f}")
+        points.append(f"{x(t):.1f},{y(n):.1f}")
+        last = n
+    points.append(f"{x(end):.1f},{y(last):.1f}")
+    ticks = "".join(f"<text x='26' y='{y(n) + 3:.1f}' font-size='9' text-anchor='end'>{n}</text>"
+                    for n in sorted({0, top, *(n for _, n in series)}))
+    return (f"<svg class='mnb-live-groups' data-max='{top}' data-now='{series[-1][1]}' width='{width}' "
+            f"height='{height}' role='img' aria-label='groups training over time, now {series[-1][1]}'>"
+            f"<text x='{width // 2}' y='{height - 2}' font-size='9' text-anchor='middle'>groups training "
+            f"over wall time ({span:.0f} s)</text>{ticks}"
+            f"<polyline fill='none' stroke='#2e7d32' stroke-width='1.5' points='{' '.join(points)}'/></svg>")
 
 
 def health_table_html(cells: list[HealthCell]) -> str:
@@ -353,6 +391,7 @@ def static_html(model: DashboardModel, png: bytes | None, now: float) -> str:
     """
     cells = model.health_cells(now)
     img = f"<img class='mnb-static-plot' alt='loss curves' src='{png_data_url(png)}'/>" if png else ""
+    img += live_groups_svg(model.live_series, model.started_t, model.reference_time(now))
     return ("<div class='mnb-static' style='font-family:sans-serif'>"
             + header_html(model, now)
             + quorum_html(model.quorum_summary())

@@ -140,6 +140,17 @@ def cell_outputs_html(outputs: "list[CellOutput]", missing: list[int], coords: d
     return '<div class="mnb-cell">' + "".join(parts) + "</div>"
 
 
+def run_status_html(run_id: str, status: dict) -> str:
+    """A fault-tolerant run's groups and warm spares: state, step, restarts, pids."""
+    rows = []
+    for key, st in status.items():
+        who = f"group {key}" if isinstance(key, int) else str(key)
+        rows.append([esc(who), badge(st["state"]), esc(st.get("step", "-")), esc(st.get("attempts", "-")),
+                     esc(", ".join(str(p) for p in st.get("pids", [])) or "-")])
+    return (f'<div class="mnb-run-status"><b>run {esc(run_id)}</b>'
+            + table(["group", "state", "step", "restarts", "pids"], rows, "mnb-run-groups") + "</div>")
+
+
 def failure_html(mesh: str, rank: int | None, reason: str) -> str:
     return (f'<div class="mnb-failure" style="border-left:4px solid {_FAILED};padding:2px 8px">'
             f'{badge("failed")} mesh <b>{esc(mesh)}</b> rank <b>{esc(rank)}</b>: {esc(reason)} '

@@ -21,11 +21,12 @@ from ..errors import MonarchNbError, RemoteError
 from ..session import Session, current_session
 from .args import HelpShown, MagicArgumentParser, dim_selector, key_value, positive_float, positive_int
 from . import notices
-from .html import cell_outputs_html, register_views
+from .html import cell_outputs_html, register_views, run_status_html
 from .slicing import validate_slice
 from .train_magics import TrainingCommands, add_training_commands
 
-SUBCOMMANDS = ("up", "status", "down", "replace", "kill", "train", "inject", "schedule", "stop", "dashboard")
+SUBCOMMANDS = ("up", "status", "down", "replace", "kill", "train", "inject", "schedule", "scale", "stop",
+               "dashboard")
 
 
 def _line_parser() -> MagicArgumentParser:
@@ -118,6 +119,9 @@ class MonarchMagics(Magics):
 
     def _cmd_status(self, args: Any) -> None:
         display(self.session)
+        run = self.training.run
+        if run is not None and not run.stopped:
+            display(HTML(run_status_html(run.run_id, run.status())))
 
     def _cmd_down(self, args: Any) -> None:
         names = [args.name] if args.name else list(self.session.meshes)
@@ -145,6 +149,9 @@ class MonarchMagics(Magics):
 
     def _cmd_schedule(self, args: Any) -> None:
         self.training.schedule(args)
+
+    def _cmd_scale(self, args: Any) -> None:
+        self.training.scale(args)
 
     def _cmd_stop(self, args: Any) -> None:
         self.training.stop()
@@ -181,7 +188,7 @@ def _job_of(args: Any) -> Any:
     """The ``job=`` of ``Session.up`` for the SLURM flags; they need --slurm."""
     if not args.slurm:
         if args.partition or args.time_limit:
-            raise UsageError("--partition and --time need --slurm")
+            raise ValueError("--partition and --time need --slurm")
         return None
     from ..jobs.slurm import SlurmSpec
 

@@ -31,6 +31,11 @@ STATE_STYLES: dict[str, StateStyle] = {
     "stopped": StateStyle(_GREY, "#ffffff", "\u25a0", "stopped"),
     "gave_up": StateStyle("#7f0000", "#ffffff", "\u2620", "GAVE UP"),
     "finished": StateStyle("#455a64", "#ffffff", "\u2691", "finished"),
+    "retiring": StateStyle("#90a4ae", "#102027", "\u2198", "retiring"),
+    "retired": StateStyle("#37474f", "#ffffff", "\u21e5", "retired"),
+    # warm spare groups (monarch_nb.ft.spares)
+    "building": StateStyle("#b2dfdb", "#102027", "\u2692", "building"),
+    "ready": StateStyle("#00897b", "#ffffff", "\u25c7", "spare ready"),
     # processes and meshes (monarch_nb.meshes), call outcomes
     "alive": StateStyle(_GREEN, "#ffffff", "\u2713", "alive"),
     "healthy": StateStyle(_GREEN, "#ffffff", "\u2713", "healthy"),

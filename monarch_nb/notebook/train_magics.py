@@ -13,7 +13,7 @@ from typing import Any
 from IPython.core.error import UsageError
 
 from ..ft.faults import CLUSTER_KINDS, FaultKind
-from .args import positive_float, positive_int
+from .args import non_negative_int, positive_float, positive_int
 
 FAULT_KINDS = tuple(k.value for k in FaultKind)
 
@@ -22,6 +22,8 @@ def add_training_commands(sub: Any) -> None:
     train = sub.add_parser("train", help="start a fault-tolerant run (FTRun(RunConfig(...)).start())")
     train.add_argument("--replicas", type=positive_int, default=3, help="replica groups R (default 3)")
     train.add_argument("--group-size", type=positive_int, default=1, help="processes per group G (FSDP when > 1)")
+    train.add_argument("--spares", type=non_negative_int, default=None,
+                       help="warm standby groups that replace failed ones at once (default 0)")
     train.add_argument("--steps", type=positive_int, default=None, help="stop after N steps (default: until stopped)")
     train.add_argument("--seq-len", type=positive_int, default=None)
     train.add_argument("--batch-size", type=positive_int, default=None)
@@ -52,6 +54,10 @@ def add_training_commands(sub: Any) -> None:
     schedule.add_argument("--kinds", default="kill", help="comma-separated fault kinds (default: kill)")
     schedule.add_argument("--max", type=positive_int, default=None, dest="max_faults")
     schedule.add_argument("--seed", type=int, default=None)
+    schedule.add_argument("--at-once", type=positive_int, default=1, help="groups hit together in each wave")
+
+    scale = sub.add_parser("scale", help="resize the running job to N replica groups (run.scale)")
+    scale.add_argument("replicas", type=positive_int)
 
     sub.add_parser("stop", help="stop the fault-tolerant run (run.stop)")
     sub.add_parser("dashboard", help="live dashboard of the run (run.dashboard())")
@@ -78,7 +84,7 @@ class TrainingCommands:
         fields = {"replicas": args.replicas, "group_size": args.group_size, "steps": args.steps,
                   "seq_len": args.seq_len, "batch_size": args.batch_size, "lr": args.lr, "model": args.model,
                   "job": "slurm" if args.slurm else args.job, "platform": args.platform, "run_name": args.name,
-                  "partition": args.partition, "time_limit": args.time_limit}
+                  "partition": args.partition, "time_limit": args.time_limit, "spares": args.spares}
         overrides = {k: v for k, v in fields.items() if v is not None}
         if args.max_restarts is not None:
             overrides["restart"] = RestartPolicy(max_restarts=args.max_restarts)
@@ -117,8 +123,19 @@ class TrainingCommands:
         bad = [k for k in kinds if k not in FAULT_KINDS]
         if bad or not kinds:
             raise UsageError(f"--kinds: unknown fault kind(s) {bad}; allowed: {', '.join(FAULT_KINDS)}")
-        run.schedule(args.every, kinds=kinds, seed=args.seed, max_faults=args.max_faults)
-        print(f"injecting {'/'.join(kinds)} every {args.every:g} s")
+        run.schedule(args.every, kinds=kinds, seed=args.seed, max_faults=args.max_faults, at_once=args.at_once)
+        wave = f" into {args.at_once} groups at once" if args.at_once > 1 else ""
+        print(f"injecting {'/'.join(kinds)} every {args.every:g} s{wave}")
+
+    def scale(self, args: argparse.Namespace) -> None:
+        run = self.current()
+        try:
+            event = run.scale(args.replicas)
+        except (ValueError, RuntimeError) as exc:
+            raise UsageError(str(exc)) from None
+        parts = ([f"added groups {event.added}"] if event.added else []) + (
+            [f"retired groups {event.retired}"] if event.retired else [])
+        print(f"run {run.run_id}: {event.replicas} replica groups ({', '.join(parts) or 'no change'})")
 
     def stop(self) -> None:
         run = self.current()

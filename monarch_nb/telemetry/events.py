@@ -113,6 +113,26 @@ class ReplicaState(Event):
 
 
 @dataclass(frozen=True, kw_only=True)
+class SpareState(Event):
+    """A warm spare group changed state: building, ready, taken (by a failed group), failed."""
+
+    kind: ClassVar[str] = "spare_state"
+    spare: int
+    state: str
+    detail: str = ""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Scaled(Event):
+    """The run was resized: groups added (from spares or fresh) and groups retired."""
+
+    kind: ClassVar[str] = "scaled"
+    replicas: int
+    added: list[int]
+    retired: list[int]
+
+
+@dataclass(frozen=True, kw_only=True)
 class Step(Event):
     kind: ClassVar[str] = "step"
     replica: int
@@ -143,11 +163,15 @@ class FaultInjected(Event):
 
 @dataclass(frozen=True, kw_only=True)
 class FailureDetected(Event):
+    """The controller decided a replica group has failed; ``source`` says what noticed it
+    (supervision, pid, endpoint, trainer, hang, scheduler)."""
+
     kind: ClassVar[str] = "failure_detected"
     replica: int
     rank: int | None
     reason: str
     detection_s: float | None = None
+    source: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
