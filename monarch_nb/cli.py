@@ -31,7 +31,7 @@ def main(argv: list[str] | None = None) -> int:
         print(install_kernel(user=args.user, prefix=None if args.user else _sys.prefix))
         return 0
 
-    from .execute import NotebookFailed, execute_notebook, parse_parameter
+    from .execute import NotANotebook, NotebookFailed, execute_notebook, parse_parameter
 
     try:
         params = dict(parse_parameter(p) for p in args.param)
@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     except NotebookFailed as exc:
         print(f"monarch-nb: {args.notebook}: {exc}", file=sys.stderr)
         return 1
-    except FileNotFoundError as exc:
+    except (FileNotFoundError, NotANotebook) as exc:
         print(f"monarch-nb: {exc}", file=sys.stderr)
         return 2
     print(f"monarch-nb: {args.notebook}: all cells ran" + (f"; wrote {args.output}" if args.output else ""))

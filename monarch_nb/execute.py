@@ -3,7 +3,8 @@
 nbclient runs every cell; widget state is stored in the notebook's metadata so a saved
 output notebook shows the final dashboards. Parameters are injected as a cell right
 after the cell tagged ``parameters`` (as papermill does), or at the top when no cell
-has that tag. A failure reports the failing cell's index and its error.
+has that tag. A failure names the failing cell as a person finds it: its position in the
+notebook they passed (1-based, markdown cells counted) and its ``In [n]`` prompt.
 """
 
 from __future__ import annotations
@@ -25,14 +26,39 @@ KERNEL_DIR = Path(__file__).resolve().parent.parent / "kernels" / KERNEL_NAME
 
 @dataclass(frozen=True)
 class CellFailure:
+    """The cell that failed and its error.
+
+    ``index`` is 0-based among the executed notebook's cells (injected parameters included);
+    ``position`` is what a person counts in the notebook they passed: 1-based, markdown cells
+    included, the injected parameters cell not (``None`` when the failing cell is that one);
+    ``execution_count`` is its ``In [n]`` prompt in the executed notebook, if it ran.
+    """
+
     index: int
     ename: str
     evalue: str
     source: str
+    position: int | None = None
+    execution_count: int | None = None
+
+    @property
+    def label(self) -> str:
+        """``cell 3 (In [2])``: the cell's position, then its prompt when it has one."""
+        where = "the injected parameters cell" if self.position is None else f"cell {self.position}"
+        return where + (f" (In [{self.execution_count}])" if self.execution_count else "")
 
     def __str__(self) -> str:
         first = self.source.strip().splitlines()[0] if self.source.strip() else ""
-        return f"cell {self.index} failed: {self.ename}: {self.evalue}\n  > {first}"
+        return f"{self.label} failed: {self.ename}: {self.evalue}\n  > {first}"
+
+
+class NotANotebook(ValueError):
+    """The file given to ``execute_notebook`` is no Jupyter notebook (a script, other JSON, binary)."""
+
+    def __init__(self, path: Path, why: str) -> None:
+        self.path = path
+        fix = "pass an .ipynb notebook" + (f", or run the script with `python {path}`" if path.suffix == ".py" else "")
+        super().__init__(f"{path} is not a Jupyter notebook ({why}); {fix}")
 
 
 class NotebookFailed(Exception):
@@ -89,7 +115,7 @@ def execute_notebook(path: str | Path, *, params: dict[str, Any] | None = None, 
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"no notebook at {path}")
-    nb = nbformat.read(path, as_version=4)
+    nb = read_notebook(path)
     inject_parameters(nb, params or {})
     if kernel_name == KERNEL_NAME:
         ensure_kernelspec()
@@ -108,6 +134,22 @@ def execute_notebook(path: str | Path, *, params: dict[str, Any] | None = None, 
     return nb
 
 
+def read_notebook(path: Path) -> Any:
+    """The notebook at ``path`` (as nbformat 4); ``NotANotebook`` for anything else, so a
+    script or a data file is refused in one line instead of nbformat's traceback."""
+    try:
+        data = json.loads(path.read_bytes())
+    except (ValueError, RecursionError):
+        raise NotANotebook(path, "not JSON") from None
+    if not isinstance(data, dict) or "nbformat" not in data:
+        raise NotANotebook(path, "JSON without 'nbformat' and 'cells'")
+    try:
+        return nbformat.reads(json.dumps(data), as_version=4)
+    except Exception as exc:  # nbformat raises schema, key and type errors for damaged notebooks
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise NotANotebook(path, f"nbformat cannot read it: {first}") from None
+
+
 def _failure_from(nb: Any, exc: Exception) -> CellFailure:
     """The failing cell is the last one that ran; its error comes from the exception."""
     ran = [i for i, c in enumerate(nb.cells) if c.cell_type == "code" and c.get("execution_count")]
@@ -117,7 +159,14 @@ def _failure_from(nb: Any, exc: Exception) -> CellFailure:
     if evalue is None:
         evalue = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
     evalue = evalue.strip().splitlines()[0] if evalue.strip() else ""
-    return CellFailure(index, ename, evalue, nb.cells[index].source if index >= 0 else "")
+    if index < 0:
+        return CellFailure(index, ename, evalue, "")
+    cell = nb.cells[index]
+    injected = [i for i, c in enumerate(nb.cells) if "injected-parameters" in c.get("metadata", {}).get("tags", [])]
+    position: int | None = index + 1 - sum(1 for i in injected if i < index)
+    if index in injected:
+        position = None
+    return CellFailure(index, ename, evalue, cell.source, position, cell.get("execution_count"))
 
 
 def install_kernel(user: bool = False, prefix: str | None = None) -> str:

@@ -432,3 +432,82 @@ def test_plot_data_stays_small_for_a_long_run_and_keeps_the_gap():
     gap = next(i for i, x in enumerate(xs) if x != x)
     assert xs[gap - 1] == 49_999 and xs[gap + 1] == 50_100  # the line stops and restarts exactly there
     assert xs[-1] == 99_999 and data.point_count == 99_900
+
+
+# ---- a reopened run whose controller died -----------------------------------------------
+
+
+def write_log(path, events) -> None:
+    live = EventStore(path)
+    for e in events:
+        live.append(e)
+    live.close()
+
+
+def test_a_reopened_run_without_run_stopped_is_interrupted_at_its_last_event_not_running(tmp_path):
+    from monarch_nb.ft import open_run
+
+    path = tmp_path / "run" / "events.jsonl"
+    write_log(path, healthy_run() + kill_and_recover()[:6])  # the controller died mid-recovery
+    last = T0 + 23.0  # the last event: Respawned
+    when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(last))
+    d = Dashboard.open(path.parent)
+    try:
+        d._thread is None or d._thread.join(timeout=5)
+        assert d._thread is None  # nothing will move: no flusher thread
+        assert "data-status='interrupted'" in d.header.value
+        assert f"interrupted (no run_stopped; last event at {when})" in d.header.value
+        assert "running" not in d.header.value and " 23 s" in d.header.value  # ran until its last event
+        cells = d.model.health_cells(time.time())
+        # no group claims to be doing anything now; what each was doing is kept as words
+        assert {c.state for c in cells} == {"unknown"}
+        assert cells[0].detail == "was training when the log ended (run interrupted)"
+        assert cells_of(d.model, 1)[0].detail == "was healing when the log ended (run interrupted)"
+        assert [c.heartbeat_age_s for c in cells if c.replica == 0] == pytest.approx([13.0, 13.0])  # to the last event
+        assert "data-state='training'" not in d.health.value
+        assert "interrupted" in d._repr_mimebundle_()["text/plain"]
+    finally:
+        d.close()
+    died_down = DashboardModel(reopened=True)  # a failure is a fact of the past: it stays
+    died_down.apply_all(healthy_run() + kill_and_recover()[:3])
+    assert {c.state for c in cells_of(died_down, 1)} == {"failed"}
+    assert {c.state for c in cells_of(died_down, 0)} == {"unknown"}
+    history = open_run(path.parent)
+    s = history.summary()
+    assert s["state"] == "interrupted" and s["last_event_t"] == last
+    assert f"interrupted (no run_stopped; last event at {when})" in repr(history)
+    dash = history.dashboard()
+    try:
+        assert "data-status='interrupted'" in dash.header.value
+    finally:
+        dash.close()
+
+
+def test_a_stopped_run_and_a_live_one_are_never_called_interrupted(tmp_path):
+    from monarch_nb.ft import open_run
+    from monarch_nb.ft.history import RunHistory
+
+    path = tmp_path / "events.jsonl"
+    write_log(path, healthy_run() + [RunStopped(t=T0 + 30, run_id="r")])
+    assert open_run(path).summary()["state"] == "stopped"
+    live = store_of(healthy_run())  # being written: a live run, with or without controls
+    assert RunHistory(live).summary()["state"] == "running"
+    d = Dashboard(live)
+    try:
+        assert "data-status='running'" in d.header.value
+        live.append(RunStopped(t=T0 + 30, run_id="r"))
+        wait_for(lambda: "data-status='stopped'" in d.header.value, 5, "the header to say stopped")
+    finally:
+        d.close()
+    assert RunHistory(live).summary()["state"] == "stopped"
+    # a reopened log that never had a run (a session's meshes only) waits for nothing
+    from monarch_nb.telemetry.events import MeshUp
+
+    meshes = tmp_path / "session" / "events.jsonl"
+    write_log(meshes, [MeshUp(t=T0, mesh="main", shape={"gpus": 2}, seconds=1.0)])
+    assert open_run(meshes).summary()["state"] == "not started"
+    d = Dashboard.open(meshes)
+    try:
+        assert "data-status='not-started'" in d.header.value and "waiting" not in d.header.value
+    finally:
+        d.close()

@@ -8,8 +8,9 @@ its widget state, and its outputs an image of the loss curves and HTML tables.
 from __future__ import annotations
 
 import base64
-import os
 import json
+import os
+import re
 from pathlib import Path
 
 import nbformat
@@ -34,6 +35,29 @@ CELLS = [
 ]
 
 
+# No show_static(): a dashboard shown as a cell's value, and one shown with display() (what
+# `%monarch dashboard` does), must each leave a static copy of the run's final state.
+CELLS_WITHOUT_SHOW_STATIC = [
+    "from IPython.display import display\n"
+    "from monarch_nb.notebook.dashboard import Dashboard\n"
+    "from monarch_nb.notebook.synthetic_run import SyntheticRun\n"
+    "run = SyntheticRun(replicas=3, step_hz=40, phase_s=0.3)\n"
+    "dash = Dashboard(run.events, controls=run)\n"
+    "dash",
+    "shown = Dashboard(run.events, controls=run)\n"
+    "display(shown)",
+    "run.start()\n"
+    "assert run.wait_for_step(10)\n"
+    "run.inject('kill', replica=1)\n"
+    "assert run.wait_for_step(60, timeout=60)\n"
+    "run.stop()\n"
+    "flusher = shown._thread  # it draws the stop, refreshes the static copy, then ends\n"
+    "if flusher is not None:\n"
+    "    flusher.join(30)",
+    "dash.close()",
+]
+
+
 @pytest.fixture(scope="module")
 def executed(tmp_path_factory):
     tmp_path = tmp_path_factory.mktemp("headless")
@@ -42,9 +66,17 @@ def executed(tmp_path_factory):
         return _execute(tmp_path)
 
 
-def _execute(tmp_path: Path) -> dict:
+@pytest.fixture(scope="module")
+def executed_without_show_static(tmp_path_factory):
+    tmp_path = tmp_path_factory.mktemp("headless-no-show-static")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("PYTHONPATH", str(REPO))
+        return _execute(tmp_path, CELLS_WITHOUT_SHOW_STATIC)
+
+
+def _execute(tmp_path: Path, cells: list[str] = CELLS) -> dict:
     nb = nbformat.v4.new_notebook()
-    nb.cells = [nbformat.v4.new_code_cell(src) for src in CELLS]
+    nb.cells = [nbformat.v4.new_code_cell(src) for src in cells]
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     client = NotebookClient(nb, timeout=120, kernel_name="python3", store_widget_state=True,
                             resources={"metadata": {"path": str(tmp_path)}})
@@ -81,6 +113,29 @@ def test_outputs_hold_a_static_fallback_readable_without_a_kernel(executed):
     html = "".join("".join(o["data"]["text/html"]) for o in outputs if "text/html" in o.get("data", {}))
     assert "<table class='mnb-health-table'" in html and "data-state='stopped'" in html
     assert "data-status='recovered'" in html and "kill" in html
+
+
+def _text(data: dict, mime: str) -> str:
+    value = data.get(mime, "")
+    return "".join(value) if isinstance(value, list) else value
+
+
+@pytest.mark.parametrize("cell", [0, 1], ids=["cell-value", "display"])
+def test_a_displayed_dashboard_leaves_a_static_copy_of_the_final_state_in_its_output(
+        executed_without_show_static, cell):
+    nb = executed_without_show_static
+    assert not any("show_static" in "".join(c["source"]) for c in nb["cells"])
+    (output,) = nb["cells"][cell]["outputs"]  # one output: widget view and static copy together
+    data = output["data"]
+    assert "application/vnd.jupyter.widget-view+json" in data  # Jupyter with widgets shows the live view
+    html = _text(data, "text/html")  # a viewer without widgets shows this
+    assert "<table class='mnb-health-table'" in html and "<script" not in html
+    assert "data-state='stopped'" in html and "data-state='training'" not in html  # the end, not the start
+    assert "data-replica='1' data-status='recovered'" in html and "kill" in html
+    (png,) = re.findall(r"src='data:image/png;base64,([^']+)'", html)
+    assert base64.b64decode(png).startswith(b"\x89PNG")
+    plain = _text(data, "text/plain")
+    assert plain.startswith("monarch_nb dashboard of run synthetic (stopped)") and "VBox" not in plain
 
 
 @pytest.mark.slow

@@ -84,10 +84,29 @@ def test_a_failing_notebook_exits_nonzero_naming_the_cell(tmp_path):
     nbformat.write(nb, path)
     proc = execute(str(path), "-o", str(tmp_path / "out.ipynb"), timeout=300)
     assert proc.returncode == 1
-    assert "cell 2 failed: UsageError" in proc.stderr and "expected a positive integer" in proc.stderr
+    # the third cell as a person counts them (markdown included), and its prompt In [2]
+    assert "cell 3 (In [2]) failed: UsageError" in proc.stderr and "expected a positive integer" in proc.stderr
     saved = nbformat.read(tmp_path / "out.ipynb", as_version=4)
     assert "expected a positive integer" in json.dumps(saved.cells[2].outputs)  # the error is kept for CI
     assert saved.cells[3].get("execution_count") is None
+
+
+def test_a_failing_cell_is_counted_in_the_notebook_as_passed_not_after_injected_parameters():
+    from nbclient.exceptions import CellExecutionError
+
+    from monarch_nb.execute import _failure_from, inject_parameters
+
+    nb = nbformat.v4.new_notebook(cells=[
+        nbformat.v4.new_markdown_cell("# title"),
+        nbformat.v4.new_code_cell("steps = 3", metadata={"tags": ["parameters"]}),
+        nbformat.v4.new_code_cell("1 / 0"),
+    ])
+    inject_parameters(nb, {"steps": 5})  # now the 3rd cell of the executed notebook
+    for count, cell in enumerate([c for c in nb.cells if c.cell_type == "code"], 1):
+        cell.execution_count = count
+    failure = _failure_from(nb, CellExecutionError("tb", "ZeroDivisionError", "division by zero"))
+    assert (failure.index, failure.position, failure.execution_count) == (3, 3, 3)
+    assert str(failure).startswith("cell 3 (In [3]) failed: ZeroDivisionError: division by zero\n  > 1 / 0")
 
 
 def test_bad_parameters_and_missing_notebooks_are_clear_errors(tmp_path):

@@ -33,9 +33,11 @@ def test_reopen_skips_a_torn_last_line_and_keeps_unknown_kinds(tmp_path):
         + json.dumps({"t": 2.0, "kind": "from_the_future", "x": 1}) + "\n"
         + '{"t": 3.0, "kind": "st'
     )
-    events = EventStore.open(path).events()
+    store = EventStore.open(path)
+    events = store.events()
     assert isinstance(events[1], UnknownEvent) and events[1].to_dict()["kind"] == "from_the_future"
     assert len(events) == 2
+    assert store.skipped_lines == 1 and store.skipped[0][0] == 3  # skipped, but counted
 
 
 def test_a_failing_observer_never_stops_telemetry(tmp_path):

@@ -11,6 +11,7 @@ around each failure. Nothing here talks to a process; the event log is the only 
 from __future__ import annotations
 
 import statistics
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,7 @@ class _Fold:
     identity: list[ReplicasIdentical] = field(default_factory=list)
     config: dict[str, Any] = field(default_factory=dict)
     last_t: float | None = None
+    run_mark: str | None = None  # the kind of the last run_started / run_stopped
 
 
 @dataclass(frozen=True)
@@ -74,6 +76,8 @@ class RunHistory:
         for e in self.events:
             tracker.apply(e)
             fold.last_t = e.t if fold.last_t is None else max(fold.last_t, e.t)
+            if isinstance(e, (RunStarted, RunStopped)):
+                fold.run_mark = e.kind
             if isinstance(e, Step) and e.committed:
                 fold.steps.append(e)
                 fold.commit_times.setdefault(e.replica, []).append(e.t)
@@ -105,6 +109,11 @@ class RunHistory:
         return self._fold().recoveries
 
     def summary(self) -> dict[str, Any]:
+        """The run in figures. ``state`` is "stopped" (its log ends with run_stopped),
+        "interrupted" (a reopened log without it: the controller died, or writes elsewhere
+        still), "running" (a live run) or "not started" (no run_started); ``last_event_t`` is
+        when the log last heard anything; ``skipped_lines`` counts lines of a reopened log that
+        were no event (``self.events.skipped`` has the first ones' numbers and reasons)."""
         fold = self._fold()
         first = [e.loss for e in fold.steps[:3]]
         last = [e.loss for e in fold.steps[-3:]]
@@ -114,6 +123,9 @@ class RunHistory:
             "loss_end": statistics.mean(last) if last else None,
             "failures": len(fold.recoveries),
             "identity_checks": [(e.step, e.identical) for e in fold.identity],
+            "state": _run_state(fold, self.events.reopened),
+            "last_event_t": fold.last_t,
+            "skipped_lines": self.events.skipped_lines,
         }
 
     def live_groups(self) -> list[tuple[float, int]]:
@@ -168,8 +180,27 @@ class RunHistory:
 
     def __repr__(self) -> str:
         s = self.summary()
-        return (f"RunHistory({self.run_dir}: {s['committed_steps']} steps, {s['failures']} failures, "
-                f"loss {s['loss_start']} -> {s['loss_end']})")
+        state = s["state"]
+        if state == "interrupted" and s["last_event_t"] is not None:
+            state += f" (no run_stopped; last event at {_when(s['last_event_t'])})"
+        skipped = ""
+        if s["skipped_lines"]:
+            line, reason = self.events.skipped[0]
+            skipped = f", {s['skipped_lines']} damaged lines skipped (line {line}: {reason})"
+        return (f"RunHistory({self.run_dir}: {state}, {s['committed_steps']} steps, {s['failures']} failures, "
+                f"loss {s['loss_start']} -> {s['loss_end']}{skipped})")
+
+
+def _run_state(fold: _Fold, reopened: bool) -> str:
+    if fold.run_mark is None:
+        return "not started"
+    if fold.run_mark == RunStopped.kind:
+        return "stopped"
+    return "interrupted" if reopened else "running"
+
+
+def _when(t: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
 
 
 def _survivor_figures(rec: Recovery, fold: _Fold) -> None:

@@ -11,6 +11,11 @@ marks panels dirty. One background flusher thread per dashboard renders dirty pa
 of thousands of events costs a handful of comm messages (the Jupyter server drops iopub traffic
 above 1000 msg/s). Widget updates from that thread reach the browser while no cell executes.
 
+Displayed, a dashboard's output carries the widget view and a static copy (``text/html``
+with the plot as an embedded PNG) under one display id; the copy is redrawn when the run ends
+and on ``close()``, so a notebook saved after a headless run shows the final dashboard to a
+viewer without widgets.
+
 Plot choice: matplotlib's Agg renderer into an ``ipywidgets.Image``. It needs no frontend
 extension beyond ipywidgets (works in JupyterLab, Notebook 7, VS Code and in saved widget
 state), the same PNG is the static fallback for headless runs, and drawing happens in the
@@ -26,6 +31,7 @@ from __future__ import annotations
 
 import threading
 import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Protocol
@@ -107,7 +113,9 @@ class Dashboard:
         self.max_plot_interval_s = float(max_plot_interval_s)
         self.heartbeat_interval_s = float(heartbeat_interval_s)
         self._clock = clock
-        self.model = DashboardModel()
+        # Built from a log read back from disk with no run attached: nothing will append, so
+        # a run without run_stopped in it shows as interrupted (see DashboardModel.interrupted).
+        self.model = DashboardModel(reopened=controls is None and store.reopened)
         self.stats = DashboardStats()
         self._plot = render.LossPlot()
 
@@ -119,6 +127,7 @@ class Dashboard:
         self._next_tick = 0.0
         self._closed = False
         self._thread: threading.Thread | None = None
+        self._display_id: str | None = None  # set once displayed in IPython (see _ipython_display_)
 
         self._build_widgets()
 
@@ -132,7 +141,7 @@ class Dashboard:
             for e in self._deferred:
                 self._dirty |= self.model.apply(e)
             self._deferred.clear()
-        self.flush()  # the widgets hold the full history before they are displayed
+        self._flush_widgets()  # the widgets hold the full history before they are displayed
 
         with self._lock:
             self._ensure_flusher()
@@ -192,7 +201,46 @@ class Dashboard:
         self.widget.add_class("mnb-dashboard")
 
     def _repr_mimebundle_(self, **kwargs: Any) -> Any:
-        return self.widget._repr_mimebundle_(**kwargs)
+        """The widget view, plus a static copy for viewers without a widget manager.
+
+        JupyterLab, Notebook 7 and VS Code render the widget view; nbviewer, GitHub, nbconvert
+        and a saved notebook opened without its widget state render ``text/html``: the same
+        dashboard as HTML tables with the loss plot embedded as a PNG (one render per call).
+        ``text/plain`` is a sentence, not the widget tree's repr.
+        """
+        bundle = dict(self.widget._repr_mimebundle_(**kwargs))
+        bundle["text/html"] = self.static_html()
+        bundle["text/plain"] = self._plain_text()
+        return bundle
+
+    def _ipython_display_(self) -> None:
+        """Display under a display id, so ``close()`` and the end of the run can replace the
+        static copy with the final state: a notebook executed headless (nbclient) then keeps
+        the dashboard as it ended, not as it was when the cell showing it ran."""
+        from IPython.display import display
+
+        if self._display_id is None:
+            self._display_id = f"monarch_nb-dashboard-{uuid.uuid4().hex}"
+        display(self._repr_mimebundle_(), raw=True, display_id=self._display_id)
+
+    def _plain_text(self) -> str:
+        with self._lock:
+            _, status, _ = render.run_status(self.model)
+            run_id = self.model.run_id or "-"
+        return (f"monarch_nb dashboard of run {run_id} ({status}): live widgets in Jupyter, "
+                f"a static HTML copy in other viewers")
+
+    def _refresh_static(self) -> None:
+        """Replace every displayed copy of this dashboard with the current one (one PNG render);
+        nbclient rewrites those outputs in the saved notebook. No-op until displayed."""
+        if self._display_id is None:
+            return
+        try:
+            from IPython.display import update_display
+
+            update_display(self._repr_mimebundle_(), raw=True, display_id=self._display_id)
+        except Exception as exc:  # never let the static copy break the live view
+            self._report_error(exc)
 
     # ---- events in --------------------------------------------------------------------
 
@@ -264,11 +312,17 @@ class Dashboard:
                     due, wait = self._take_due(time.monotonic())
                     if due:
                         break
-                    if wait is None and self.model.stopped_t is not None:
-                        self._thread = None  # all drawn and nothing will move: a new event restarts us
+                    if wait is None and (self.model.stopped_t is not None or self.model.interrupted):
+                        break  # all drawn and nothing will move
+                    self._wake.wait(wait)
+            if not due:
+                self._refresh_static()  # the run's last state also becomes the static copy
+                with self._lock:
+                    if not self._dirty:  # else an event came meanwhile: draw it, end again
+                        self._thread = None  # a new event restarts us
                         self.stats.flusher_cpu_s = base + time.thread_time() - cpu0
                         return
-                    self._wake.wait(wait)
+                continue
             try:
                 self._render(due)
             except Exception as exc:  # a rendering bug must not kill live updates
@@ -368,14 +422,25 @@ class Dashboard:
         """Render every panel now, on the calling thread.
 
         Call it (or ``close()``) in the last cell of a notebook run headless: nbclient stores
-        widget state only from messages sent while a cell executes.
+        widget state only from messages sent while a cell executes, so every widget's state is
+        sent again, changed or not (the flusher may have drawn the last frame between two
+        cells, where nbclient does not listen). A displayed dashboard's static copy is redrawn
+        too.
         """
+        self._flush_widgets()
+        for widget in (self.header, self.health, self.quorum, self.plot, self.plot_caption, self.timeline,
+                       self.replica_choice, self.inject_button, self.stop_button, self.control_status):
+            widget.send_state()
+        self._refresh_static()
+
+    def _flush_widgets(self) -> None:
         with self._lock:
             self._dirty -= set(PANELS)
         self._render(set(PANELS))
 
     def close(self, *, final_flush: bool = True) -> None:
-        """Stop following the store. The widgets stay displayed with their last state."""
+        """Stop following the store. The widgets stay displayed with their last state, and a
+        displayed dashboard's static copy is redrawn with it (see ``_ipython_display_``)."""
         with self._lock:
             if self._closed:
                 return

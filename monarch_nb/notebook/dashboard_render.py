@@ -42,27 +42,42 @@ def _clock(t: float | None, t0: float | None) -> str:
     return time.strftime("%H:%M:%S", time.localtime(t))
 
 
+def _wall(t: float | None) -> str:
+    return "-" if t is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
+
+
 # ---- header -----------------------------------------------------------------------------
 
 
-def header_html(model: DashboardModel, now: float) -> str:
-    if model.run_id is None:
-        status, colour = "waiting for run", "#616161"
-    elif model.live:
-        status, colour = "running", "#2e7d32"
-    else:
+def run_status(model: DashboardModel) -> tuple[str, str, str]:
+    """The run's state as a key (the header's ``data-status``), in words, and its colour.
+    A reopened run whose log ends without run_stopped is "interrupted" at its last event,
+    never "running"."""
+    if model.stopped_t is not None:
         reason = f" ({model.stop_reason})" if model.stop_reason and model.stop_reason != "stopped" else ""
-        status, colour = f"stopped{reason}", "#616161"
+        return "stopped", f"stopped{reason}", "#616161"
+    if model.interrupted:
+        return ("interrupted", f"interrupted (no run_stopped; last event at {_wall(model.last_event_t)})",
+                "#b26a00")
+    if model.run_id is None:
+        if model.reopened:  # a log read back without run_started will never get one
+            return "not-started", "no run started in this log", "#616161"
+        return "waiting", "waiting for run", "#616161"
+    return "running", "running", "#2e7d32"
+
+
+def header_html(model: DashboardModel, now: float) -> str:
+    key, status, colour = run_status(model)
     elapsed = ""
     if model.started_t is not None:
-        end = model.stopped_t if model.stopped_t is not None else now
+        end = model.reference_time(now)
         elapsed = f" &middot; {max(0.0, end - model.started_t):.0f} s"
     ident = ""
     if model.identical is not None:
         step, same = model.identical
         ident = (f" &middot; <span class='mnb-identical' data-identical='{str(same).lower()}'>"
                  f"step {step}: replicas {'bit-identical' if same else 'DIFFER'}</span>")
-    return (f"<div class='mnb-header' data-status='{_e(status.split()[0])}' "
+    return (f"<div class='mnb-header' data-status='{_e(key)}' "
             f"style='font-size:14px;padding:2px 0'>"
             f"<b>monarch_nb run</b> <code>{_e(model.run_id or '-')}</code> "
             f"<span style='color:{colour};font-weight:bold'>{_e(status)}</span>{elapsed}{ident}</div>")
@@ -402,5 +417,5 @@ def static_html(model: DashboardModel, png: bytes | None, now: float) -> str:
             + "</div>")
 
 
-__all__ = ["LossPlot", "header_html", "health_html", "health_table_html", "quorum_html", "recoveries_html",
-           "events_html", "timeline_html", "static_html", "png_data_url", "style_of"]
+__all__ = ["LossPlot", "run_status", "header_html", "health_html", "health_table_html", "quorum_html",
+           "recoveries_html", "events_html", "timeline_html", "static_html", "png_data_url", "style_of"]

@@ -2,8 +2,10 @@
 
 Events are appended to ``events.jsonl`` and flushed as they arrive, so a crashed or
 restarted kernel loses nothing that was recorded; ``EventStore.open`` rebuilds the same
-in-memory history from the file alone. Observers (widgets, the CLI) subscribe and are
-called on the writer's thread: they must be quick and must not raise (errors are counted,
+in-memory history from the file alone. It reads any damaged log (binary bytes, torn or
+mistyped lines): lines that are no event are skipped and counted, and a file that is no event
+log at all is refused rather than shown as an empty run. Observers (widgets, the CLI) subscribe
+and are called on the writer's thread: they must be quick and must not raise (errors are counted,
 not propagated, so a broken widget can never stop training telemetry).
 """
 
@@ -13,11 +15,24 @@ import json
 import os
 import threading
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import BinaryIO, Callable, Iterator
 
 from .events import Event, event_from_dict
 
 Observer = Callable[[Event], None]
+
+
+# A line longer than this is no event (the largest, run_started, is a few KB): it is skipped
+# without being held in memory, so opening a large binary file by mistake costs no RAM.
+MAX_LINE_BYTES = 1 << 20
+# How many skipped lines keep their number and reason (all are counted).
+SKIPPED_KEPT = 20
+EVENT_LOG_FORMAT = ("expected JSON objects with 'kind' and 't', one per line, "
+                    "as runs write to <run_dir>/events.jsonl")
+
+
+class NotAnEventLog(ValueError):
+    """``EventStore.open`` was given a file of which no line is an event."""
 
 
 class EventStore:
@@ -28,31 +43,70 @@ class EventStore:
         self._lock = threading.RLock()
         self._file = None
         self.observer_errors = 0
+        # Set by ``open``: True when loaded from disk without ``follow`` (nothing here will
+        # append to it, so a run without ``run_stopped`` in it was interrupted).
+        self.reopened = False
+        # Lines of the file ``open`` could not read as events: how many, and (line number,
+        # reason) of the first ``SKIPPED_KEPT``.
+        self.skipped_lines = 0
+        self.skipped: list[tuple[int, str]] = []
         if self.path is not None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._file = open(self.path, "a", encoding="utf-8")
 
     @classmethod
     def open(cls, path: str | Path, *, follow: bool = False) -> "EventStore":
-        """Load a run's events; with ``follow`` new events are appended to the same file."""
+        """Load a run's events; with ``follow`` new events are appended to the same file.
+
+        Lines that are no event (binary bytes, broken JSON, a torn last line, a known kind with
+        missing or mistyped fields) are skipped and counted in ``skipped_lines`` / ``skipped``.
+        Raises ``NotAnEventLog`` when the file has text but not a single event.
+        """
         path = Path(path)
         if path.is_dir():
             path = path / "events.jsonl"
         if not path.exists():
             raise FileNotFoundError(f"no event log at {path} (expected a run directory or events.jsonl)")
-        store = cls(path if follow else None)
+        store = cls(None)
         store.path = path
-        with open(path, encoding="utf-8") as f:
-            for line in f:
-                line = line.strip()
-                if not line:
-                    continue
-                try:
-                    store._events.append(event_from_dict(json.loads(line)))
-                except json.JSONDecodeError:
-                    # A kernel killed mid-write can leave one torn last line; skip it.
-                    continue
+        store.reopened = not follow
+        non_empty = store._load(path)
+        if non_empty and not store._events:
+            first = f"; line {store.skipped[0][0]}: {store.skipped[0][1]}" if store.skipped else ""
+            raise NotAnEventLog(f"no line of {path} is a monarch_nb event ({EVENT_LOG_FORMAT}){first}")
+        if follow:
+            torn = _ends_mid_line(path)
+            store._file = open(path, "a", encoding="utf-8")
+            if torn:
+                store._file.write("\n")  # never glue the next event onto a torn last line
+                store._file.flush()
         return store
+
+    def _load(self, path: Path) -> int:
+        """Read ``path`` line by line into ``_events``; returns how many lines were not blank."""
+        non_empty = 0
+        with open(path, "rb") as f:
+            for line_no, raw in enumerate(_lines(f), 1):
+                if raw is None:
+                    non_empty += 1
+                    self._skip(line_no, f"longer than {MAX_LINE_BYTES} bytes")
+                    continue
+                text = raw.decode("utf-8", errors="replace").strip()
+                if not text:
+                    continue
+                non_empty += 1
+                try:
+                    self._events.append(_parse_line(text))
+                except ValueError as exc:
+                    torn = not raw.endswith(b"\n") and isinstance(exc, _BadJson)
+                    # A kernel killed mid-write can leave one torn last line.
+                    self._skip(line_no, "torn last line (the writer stopped mid-line)" if torn else str(exc))
+        return non_empty
+
+    def _skip(self, line_no: int, reason: str) -> None:
+        self.skipped_lines += 1
+        if len(self.skipped) < SKIPPED_KEPT:
+            self.skipped.append((line_no, reason))
 
     def append(self, event: Event) -> None:
         with self._lock:
@@ -129,3 +183,43 @@ class EventStore:
                 self.sync()
                 self._file.close()
                 self._file = None
+
+
+def _ends_mid_line(path: Path) -> bool:
+    with open(path, "rb") as f:
+        if f.seek(0, os.SEEK_END) == 0:
+            return False
+        f.seek(-1, os.SEEK_END)
+        return f.read(1) != b"\n"
+
+
+def _lines(f: BinaryIO) -> Iterator[bytes | None]:
+    """The file's lines as bytes; ``None`` for a line over ``MAX_LINE_BYTES`` (read past in
+    chunks, never held whole)."""
+    while True:
+        raw = f.readline(MAX_LINE_BYTES + 1)
+        if not raw:
+            return
+        if len(raw) > MAX_LINE_BYTES and not raw.endswith(b"\n"):
+            while raw and not raw.endswith(b"\n"):
+                raw = f.readline(MAX_LINE_BYTES)
+            yield None
+        else:
+            yield raw
+
+
+class _BadJson(ValueError):
+    """A line that does not parse as JSON (the one way a torn last line fails)."""
+
+
+def _parse_line(text: str) -> Event:
+    """One line as an event; ``ValueError`` with a short reason when it is none."""
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        if "\ufffd" in text:
+            raise _BadJson("binary bytes, not JSON") from None
+        raise _BadJson(f"not JSON ({exc.msg} at column {exc.colno})") from None
+    except (ValueError, RecursionError) as exc:  # e.g. an integer of 5000 digits, nesting too deep
+        raise ValueError(f"not readable JSON ({type(exc).__name__})") from None
+    return event_from_dict(data)
