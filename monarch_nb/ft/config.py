@@ -5,26 +5,148 @@ model flavour, the train step's shape (sequence length, batch, learning rate), t
 timing knobs (heartbeat, quorum, process-group timeout), how the controller decides that
 a group is hung, the restart policy and the platform. ``validate()`` raises ``ValueError``
 naming the offending field and the values it accepts; ``FTRun`` calls it first.
+``RunConfig.from_toml(path)`` reads a torchtitan-style job file (:mod:`.jobfile` holds the
+mapping of its sections and keys); ``help(RunConfig)`` documents every field.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import typing
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
+from .flavors import FLAVOR_NAMES
+from .jobfile import read_job_file
 from .platform import PLATFORMS
 from .restart import RestartPolicy
 
-# Llama 3 flavours in torchtitan 0.3.0 (torchtitan.models.llama3.llama3_configs). Listed here
-# so that validation does not import torchtitan (6 s) in the controller.
-MODELS = ("debugmodel", "1B", "3B", "8B", "70B", "405B")
+# Llama 3 flavours: torchtitan 0.3.0's (torchtitan.models.llama3.llama3_configs) and monarch_nb's
+# "small" and "medium" (monarch_nb/ft/flavors.py), smallest first. Listed without importing
+# torchtitan (6 s) in the controller.
+MODELS = FLAVOR_NAMES
 JOBS = ("local", "process", "slurm", "kubernetes")
 MAX_GROUPS = 64  # replica groups + spares of one run; beyond it, a typo is likelier than a plan
 
 
+def _loopback(host: str) -> bool:
+    import ipaddress
+
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
 @dataclass(frozen=True)
 class RunConfig:
+    """Everything a fault-tolerant run needs, checked by :meth:`validate` before anything starts.
+
+    Build one with keywords (``RunConfig(replicas=3, steps=200)``), from a torchtitan-style job
+    file (:meth:`from_toml`), or from a dict (:meth:`from_dict`); change one with
+    :meth:`replace`. Every field has a default that runs on a laptop CPU.
+
+    Topology:
+        replicas: R replica groups, each a torchft replica (default 3). Every group trains
+            the same model on its own data; gradients are averaged across the groups that
+            are in the quorum at each step.
+        group_size: G processes per group (default 1). With G > 1 the group shards the model
+            with FSDP (torchtitan's ``parallelize_llama``); a failure of any of its processes
+            fails the whole group.
+        min_replicas: fewest groups a step may commit with (default 1, at most ``replicas``);
+            torchft's ``min_replica_size``. Fewer live groups: the survivors wait.
+
+    Where groups run (``job``) and SLURM:
+        job: "local" (default: processes on this machine), "process" (each group on its own
+            Monarch ProcessJob host), "slurm" (each group on its own SLURM allocation; a
+            failed group gets a fresh one) or "kubernetes".
+        partition: job="slurm" only: the SLURM partition (None: the cluster's default).
+        time_limit: job="slurm" only: wall-clock limit of each allocation, "MM", "HH:MM:SS"
+            or "D-HH:MM:SS" (None: the partition's default).
+        allocation_timeout_s: job="slurm": seconds an allocation may stay pending before
+            the start (or a recovery) gives up (default 120).
+
+    Warm spares:
+        spares: K standby groups (default 0): processes up, model and optimizer built, but no
+            torchft Manager, so no quorum waits for them. A failed group takes a ready spare
+            instead of waiting for processes and imports. Not with job="process".
+
+    Model and train step (torchtitan Llama 3):
+        model: the flavour (default "debugmodel", 6.2M parameters): "debugmodel", "small"
+            (~104M), "medium" (~409M) or torchtitan's "1B", "3B", "8B", "70B", "405B"
+            (see ``monarch_nb.ft.flavors``).
+        steps: train steps; each group stops after committing this many (None, default:
+            train until ``stop()``). Also the length of the learning-rate schedule (10,000
+            when None).
+        seq_len: tokens per sequence (default 64, at least 8).
+        batch_size: sequences per process per step (default 2); a step of the whole run
+            sees replicas x group_size x batch_size x seq_len tokens.
+        lr: peak AdamW learning rate (default 8e-4); torchtitan's AdamW (weight decay 0.1).
+        warmup_steps: steps of linear warm-up to ``lr`` (default 2); then linear decay to
+            0.1 x lr over the last 80% of ``steps``.
+        seed: seed of the model's initial weights, the same in every group (default 0). The
+            data is a fixed function of (step, group, rank), not of the seed.
+
+    Platform:
+        platform: "auto" (default: a GPU if torch sees one, else CPU), "cpu", "cuda" or
+            "rocm".
+        backend: collective backend, "gloo" or "nccl" (None, default: nccl on GPUs, gloo on
+            CPU).
+        threads_per_proc: torch intra-op threads in each worker process (default 1).
+
+    torchft timing and transport:
+        heartbeat_timeout_ms: a group whose heartbeats (every 100 ms) stop for this long
+            leaves the quorum (default 300). It bounds how long survivors stall when a peer
+            dies; too short drops slow-but-alive groups.
+        join_timeout_ms: how long the Lighthouse waits for more groups to join before it
+            forms a quorum with the ones it has (default 1000).
+        quorum_tick_ms: how often the Lighthouse re-evaluates the quorum (default 20).
+        pg_timeout_s: cross-replica collectives (the gradient average, heals over "pg")
+            give up after this many seconds (default 10); the group's own FSDP process group
+            gets 6 x this.
+        quorum_timeout_s: how long a group waits for a quorum (default 10). Then it asks again
+            with a fresh torchft Manager that keeps its step: how groups get through a lost
+            and restarted Lighthouse without restarting.
+        heal_transport: how a recovering group receives a live peer's state: "http"
+            (default: each rank serves its state over HTTP) or "pg" (over the cross-replica
+            process group).
+        advertise_host: the address each worker's torchft servers advertise to peers. None
+            (default) picks by placement: 127.0.0.1 on this machine, the node's own address
+            on a cluster; "auto" resolves the worker's hostname. A local run refuses a
+            non-loopback address unless ``expose=True``.
+        expose: allow a local run to advertise a non-loopback address (other machines may
+            then fetch its state); default False.
+
+    Checkpoints (recorded and validated; written by no one yet - a later change implements
+    checkpointing):
+        checkpoint_every: steps between checkpoints; None (default): no checkpoints.
+            torchtitan's ``[checkpoint] enable`` + ``interval``.
+        checkpoint_dir: where checkpoints go; None (default): inside the run directory.
+            torchtitan's ``[checkpoint] folder``.
+        checkpoint_keep: newest checkpoints kept, older ones deleted (default 3, at least 1).
+            torchtitan's ``[checkpoint] keep_latest_k``.
+
+    Controller (the notebook kernel):
+        poll_interval_s: how often each group's telemetry is drained (default 0.25 s).
+        hang_timeout_s: a group that answers nothing for this long is declared hung and
+            replaced (default 5 s; must exceed ``poll_interval_s``).
+        init_timeout_s: how long building a group's trainers may take (imports, model and
+            optimizer), at start and at every respawn (default 180 s).
+        restart: :class:`RestartPolicy`: how many times a failed group is brought back and
+            how long to wait between attempts in a row (default: up to 10 per group over the
+            run, with a growing wait; see ``help(RestartPolicy)``).
+        check_identical: after every rejoin, prove the replicas bit-identical by hashing
+            parameters and optimizer state at a common step (default True).
+        runs_root: where run directories go (None, default: $MONARCH_NB_RUNS, else ./runs).
+        run_name: the run directory's name (None, default: a timestamp); must be new.
+        data_dir: a directory with ``tokenizer.json``, ``tokenizer_config.json`` and
+            ``corpus.jsonl`` (None, default: a tiny tokenizer and corpus built on this
+            machine; token ids must stay below the flavour's vocabulary, 2048 for
+            debugmodel/small/medium).
+        env: extra environment variables for every worker process (default none).
+    """
+
     # topology
     replicas: int = 3  # R replica groups (torchft replicas)
     spares: int = 0  # warm standby groups, built and waiting outside the quorum, to replace failed ones
@@ -34,36 +156,41 @@ class RunConfig:
     time_limit: str | None = None  # job="slurm": wall-clock limit of each allocation, e.g. "02:00:00"
     allocation_timeout_s: float = 120.0  # job="slurm": how long an allocation may stay pending
     # model and train step (torchtitan Llama 3)
-    model: str = "debugmodel"
+    model: str = "debugmodel"  # flavour: debugmodel, small, medium, 1B, ... (MODELS)
     steps: int | None = None  # None: train until stop()
-    seq_len: int = 64
-    batch_size: int = 2  # per process
-    lr: float = 8e-4
-    warmup_steps: int = 2
-    seed: int = 0
+    seq_len: int = 64  # tokens per sequence
+    batch_size: int = 2  # sequences per process per step
+    lr: float = 8e-4  # peak AdamW learning rate
+    warmup_steps: int = 2  # linear warm-up steps, then linear decay
+    seed: int = 0  # initial weights (the same in every group)
     # platform
     platform: str = "auto"  # auto, cpu, cuda, rocm
     backend: str | None = None  # override the collective backend (gloo / nccl)
     threads_per_proc: int = 1  # torch intra-op threads in each worker
     # torchft
-    min_replicas: int = 1
+    min_replicas: int = 1  # fewest groups a step may commit with (torchft's min_replica_size)
     heartbeat_timeout_ms: int = 300  # a group silent this long leaves the quorum: bounds survivor stalls
-    join_timeout_ms: int = 1000
-    quorum_tick_ms: int = 20
+    join_timeout_ms: int = 1000  # the Lighthouse waits this long for more groups before forming a quorum
+    quorum_tick_ms: int = 20  # how often the Lighthouse re-evaluates the quorum
     pg_timeout_s: float = 10.0  # cross-replica collectives give up after this
-    quorum_timeout_s: float = 60.0
+    quorum_timeout_s: float = 10.0  # a group waits this long for a quorum, then asks again
     heal_transport: str = "http"  # how a recovering group gets a peer's state: "http" or "pg" (see README)
     # Address each worker's torchft servers advertise to its peers: None picks by placement
     # (127.0.0.1 on this machine; the node's own address, from its hostname, on a cluster).
     advertise_host: str | None = None
+    expose: bool = False  # opt-in: let a local run advertise a non-loopback address
+    # checkpoints: recorded and validated, not acted on yet (a later change implements checkpointing)
+    checkpoint_every: int | None = None  # steps between checkpoints; None: no checkpoints
+    checkpoint_dir: str | None = None  # where checkpoints go; None: inside the run directory
+    checkpoint_keep: int = 3  # newest checkpoints kept
     # controller
     poll_interval_s: float = 0.25  # how often each group's telemetry is drained
     hang_timeout_s: float = 5.0  # a group that answers nothing for this long is hung
     init_timeout_s: float = 180.0  # actor construction (imports, model build)
-    restart: RestartPolicy = field(default_factory=RestartPolicy)
+    restart: RestartPolicy = field(default_factory=RestartPolicy)  # respawns per group, backoff
     check_identical: bool = True  # hash parameters + optimizer state after every heal
     runs_root: str | None = None  # default: $MONARCH_NB_RUNS or ./runs
-    run_name: str | None = None
+    run_name: str | None = None  # default: a timestamp
     data_dir: str | None = None  # default: the locally built tiny tokenizer + corpus
     env: dict[str, str] = field(default_factory=dict)  # extra environment for workers
 
@@ -80,6 +207,10 @@ class RunConfig:
 
         need_int("replicas", 1)
         need_int("spares", 0)
+        if self.advertise_host not in (None, "auto") and self.job in ("local", "process") and not self.expose \
+                and not _loopback(self.advertise_host):
+            raise ValueError(f"advertise_host: {self.advertise_host!r} is not a loopback address; a local run keeps "
+                             "its servers on this machine. Set expose=True to let other hosts connect")
         if self.replicas + self.spares > MAX_GROUPS:
             raise ValueError(f"replicas: {self.replicas} groups + {self.spares} spares is more than {MAX_GROUPS}; "
                              f"allowed: at most {MAX_GROUPS} in all")
@@ -116,6 +247,12 @@ class RunConfig:
         if self.hang_timeout_s <= self.poll_interval_s:
             raise ValueError(f"hang_timeout_s: must exceed poll_interval_s ({self.poll_interval_s}), "
                              f"got {self.hang_timeout_s!r}")
+        if self.checkpoint_every is not None:
+            need_int("checkpoint_every", 1)
+        if self.checkpoint_dir is not None and (not isinstance(self.checkpoint_dir, str) or not self.checkpoint_dir):
+            raise ValueError(f"checkpoint_dir: must be a directory path (or None: inside the run directory), "
+                             f"got {self.checkpoint_dir!r}")
+        need_int("checkpoint_keep", 1)
         if not isinstance(self.restart, RestartPolicy):
             raise ValueError(f"restart: must be a RestartPolicy, got {type(self.restart).__name__}")
         self.restart.validate()
@@ -147,3 +284,43 @@ class RunConfig:
         if isinstance(data.get("restart"), dict):
             data["restart"] = RestartPolicy(**data["restart"])
         return cls(**data)
+
+    @classmethod
+    def from_toml(cls, path: str | Path, **overrides: Any) -> "RunConfig":
+        """A validated config from a torchtitan-style TOML job file; ``overrides`` (RunConfig
+        fields) replace what the file says.
+
+        Supported: ``[job]`` dump_folder; ``[model]`` name, flavor; ``[optimizer]`` name, lr;
+        ``[lr_scheduler]`` warmup_steps; ``[training]`` local_batch_size, seq_len, steps;
+        ``[parallelism]`` data_parallel_shard_degree; ``[fault_tolerance]`` enable, group_size
+        (the number of replica groups), replica_id, min_replica_size, process_group,
+        process_group_timeout_ms; ``[checkpoint]`` enable, interval, folder, keep_latest_k; and
+        ``[monarch_nb]`` with any RunConfig field by name (``[monarch_nb.restart]``,
+        ``[monarch_nb.env]`` for the nested ones). ``monarch_nb.ft.jobfile.SECTIONS`` is the
+        full table. Anything else raises ``ValueError`` naming the section and key and what
+        that section supports; so does a value of the wrong type, a field set twice, and a
+        value ``validate()`` refuses (named by the file's key, e.g. ``[training] seq_len: ...``).
+
+        Example: ``RunConfig.from_toml("examples/llama3_debug_ft.toml", steps=50)``.
+        """
+        values, origins = read_job_file(path, typing.get_type_hints(cls))
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(overrides) - known)
+        if unknown:
+            raise ValueError(f"{unknown[0]}: unknown config field; allowed fields: {', '.join(sorted(known))}")
+        cfg = cls(**{**values, **overrides})
+        try:
+            return cfg.validate()
+        except ValueError as exc:
+            raise ValueError(_name_the_file_key(str(exc), origins, set(overrides), str(path))) from None
+
+
+def _name_the_file_key(message: str, origins: dict[str, str], overridden: set[str], path: str) -> str:
+    """``seq_len: must be ...`` -> ``[training] seq_len: must be ... (RunConfig.seq_len; FILE)``
+    when the file set that field (and no override replaced it)."""
+    head, sep, rest = message.partition(":")
+    root = head.split(".", 1)[0]
+    if not sep or root not in origins or root in overridden:
+        return message
+    where = origins[root] + head[len(root):]
+    return f"{where}:{rest} (RunConfig.{head}; {path})"

@@ -1,13 +1,18 @@
 """Argument parsers and handlers for the training subcommands of ``%monarch``.
 
-``train`` starts an ``FTRun`` on the notebook's session, ``inject``/``schedule`` call the
-run's fault API, ``stop`` stops it, ``dashboard`` shows it. The handlers only translate
-arguments; every one is a single call on ``monarch_nb.ft.FTRun``.
+``train`` starts an ``FTRun`` on the notebook's session (from flags, or a torchtitan-style
+TOML job file with ``--config``), ``inject``/``schedule`` call the run's fault API, ``wait``
+blocks until a group rejoins or a step is committed, ``check`` proves the replicas
+bit-identical, ``stop`` stops the run, ``dashboard`` shows it. The handlers only translate
+arguments and results; every one is a single call on ``monarch_nb.ft.FTRun`` or
+``monarch_nb.ft.waiting``.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import time
 from typing import Any
 
 from IPython.core.error import UsageError
@@ -16,19 +21,28 @@ from ..ft.faults import CLUSTER_KINDS, FaultKind
 from .args import non_negative_int, positive_float, positive_int
 
 FAULT_KINDS = tuple(k.value for k in FaultKind)
+WAIT_USAGE = ("usage: %monarch wait rejoin [--replica R] [--timeout S]\n"
+              "       %monarch wait step N [--replica R] [--timeout S]")
+REJOIN_TIMEOUT_S = 300.0  # a recovery here takes ~5-20 s; on SLURM a new allocation can pend for minutes
+STEP_TIMEOUT_S = 300.0
+CHECK_TIMEOUT_S = 60.0
 
 
 def add_training_commands(sub: Any) -> None:
     train = sub.add_parser("train", help="start a fault-tolerant run (FTRun(RunConfig(...)).start())")
-    train.add_argument("--replicas", type=positive_int, default=3, help="replica groups R (default 3)")
-    train.add_argument("--group-size", type=positive_int, default=1, help="processes per group G (FSDP when > 1)")
+    train.add_argument("--config", default=None, metavar="FILE.toml",
+                       help="a torchtitan-style TOML job file (RunConfig.from_toml); the other flags override it")
+    train.add_argument("--replicas", type=positive_int, default=None, help="replica groups R (default 3)")
+    train.add_argument("--group-size", type=positive_int, default=None,
+                       help="processes per group G (FSDP when > 1; default 1)")
     train.add_argument("--spares", type=non_negative_int, default=None,
                        help="warm standby groups that replace failed ones at once (default 0)")
     train.add_argument("--steps", type=positive_int, default=None, help="stop after N steps (default: until stopped)")
     train.add_argument("--seq-len", type=positive_int, default=None)
     train.add_argument("--batch-size", type=positive_int, default=None)
     train.add_argument("--lr", type=positive_float, default=None)
-    train.add_argument("--model", default=None, help="torchtitan Llama 3 flavor (default debugmodel)")
+    train.add_argument("--model", default=None,
+                       help="Llama 3 flavor: debugmodel (default, 6.2M), small (~104M), medium (~409M), 1B, ...")
     train.add_argument("--job", default=None, choices=["local", "process", "slurm"],
                        help="local procs, each group on its own ProcessJob host, or on its own SLURM allocation")
     train.add_argument("--slurm", action="store_true", help="same as --job slurm")
@@ -59,6 +73,33 @@ def add_training_commands(sub: Any) -> None:
     scale = sub.add_parser("scale", help="resize the running job to N replica groups (run.scale)")
     scale.add_argument("replicas", type=positive_int)
 
+    wait = sub.add_parser("wait", help="block until a group rejoins or step N is committed "
+                                       "(waiting.wait_for_rejoin / run.wait_for_step)")
+    targets = wait.add_subparsers(dest="target", metavar="{rejoin,step}", required=True)
+    rejoin = targets.add_parser(
+        "rejoin", help="until the recoveries under way (or, with none, the next one) are back",
+        description="Block until replica groups rejoin (monarch_nb.ft.waiting.wait_for_rejoin). Recoveries "
+                    "under way when typed (a fault injected or a failure detected, and the group not back yet) "
+                    "are the ones waited for, all of them or that of --replica; with none under way, the next "
+                    "rejoin. Prints one line per group: the step it rejoined at and how long after the fault.")
+    rejoin.add_argument("--replica", type=non_negative_int, default=None, metavar="R",
+                        help="only this replica group")
+    rejoin.add_argument("--timeout", type=positive_float, default=REJOIN_TIMEOUT_S, metavar="S",
+                        help=f"give up after S seconds (default {REJOIN_TIMEOUT_S:g})")
+    step = targets.add_parser("step", help="until every group (or --replica) committed step N",
+                              description="Block until every active replica group (or --replica) has committed "
+                                          "step N (run.wait_for_step).")
+    step.add_argument("step", type=positive_int, metavar="N")
+    step.add_argument("--replica", type=non_negative_int, default=None, metavar="R",
+                      help="only this replica group")
+    step.add_argument("--timeout", type=positive_float, default=STEP_TIMEOUT_S, metavar="S",
+                      help=f"give up after S seconds (default {STEP_TIMEOUT_S:g})")
+
+    check = sub.add_parser("check", help="prove the replicas bit-identical at a common step "
+                                         "(waiting.require_identical / run.check_identical)")
+    check.add_argument("--timeout", type=positive_float, default=CHECK_TIMEOUT_S, metavar="S",
+                       help=f"give up after S seconds (default {CHECK_TIMEOUT_S:g})")
+
     sub.add_parser("stop", help="stop the fault-tolerant run (run.stop)")
     sub.add_parser("dashboard", help="live dashboard of the run (run.dashboard())")
 
@@ -86,10 +127,12 @@ class TrainingCommands:
                   "job": "slurm" if args.slurm else args.job, "platform": args.platform, "run_name": args.name,
                   "partition": args.partition, "time_limit": args.time_limit, "spares": args.spares}
         overrides = {k: v for k, v in fields.items() if v is not None}
-        if args.max_restarts is not None:
-            overrides["restart"] = RestartPolicy(max_restarts=args.max_restarts)
         try:
-            config = RunConfig(**overrides).validate()
+            config = RunConfig.from_toml(args.config, **overrides) if args.config else RunConfig(**overrides)
+            if args.max_restarts is not None:
+                restart = dataclasses.replace(config.restart or RestartPolicy(), max_restarts=args.max_restarts)
+                config = config.replace(restart=restart)
+            config = config.validate()
         except (ValueError, TypeError) as exc:
             raise UsageError(str(exc)) from None
         run = FTRun(config, session=session)
@@ -99,7 +142,8 @@ class TrainingCommands:
             run.wait_for_step(1, timeout=config.init_timeout_s)
         if shell is not None:
             shell.user_ns["run"] = run
-        print(f"run {run.run_id}: {config.replicas} replica groups x {config.group_size} "
+        source = f" from {args.config}" if args.config else ""
+        print(f"run {run.run_id}{source}: {config.replicas} replica groups x {config.group_size} "
               f"process(es); events in {run.run_dir / 'events.jsonl'}; the run is `run` in this notebook")
         return run
 
@@ -137,6 +181,54 @@ class TrainingCommands:
             [f"retired groups {event.retired}"] if event.retired else [])
         print(f"run {run.run_id}: {event.replicas} replica groups ({', '.join(parts) or 'no change'})")
 
+    def wait(self, args: argparse.Namespace) -> None:
+        from ..ft.waiting import describe_rejoin, wait_for_rejoin
+
+        run = self.current()
+        if args.replica is not None:
+            active = sorted(g.index for g in run.groups.active())
+            if args.replica not in active:
+                raise UsageError(f"--replica: {args.replica} is not an active replica group; active groups: "
+                                 f"{', '.join(map(str, active)) or 'none'}\n\n{WAIT_USAGE}")
+        if args.target == "rejoin":
+            try:
+                events = wait_for_rejoin(run, replica=args.replica, timeout=args.timeout)
+            except (ValueError, TimeoutError, RuntimeError) as exc:
+                raise UsageError(f"wait rejoin: {exc}") from None
+            for e in events:
+                print(describe_rejoin(e))
+            return
+        steps = run.config.steps
+        if steps is not None and args.step > steps:
+            raise UsageError(f"N: step {args.step} is past the run's last step (steps={steps}); "
+                             f"allowed: 1..{steps}\n\n{WAIT_USAGE}")
+        # Every group that is part of the run (once all finished: every group there was).
+        groups = run.groups.active() or list(run.groups)
+        want = [args.replica] if args.replica is not None else sorted(g.index for g in groups)
+        t0 = time.monotonic()
+        try:
+            run.wait_for_step(args.step, replicas=want, timeout=args.timeout)
+        except TimeoutError:
+            status = run.status()
+            behind = [r for r in want if status.get(r, {}).get("step", 0) < args.step]
+            where = "; ".join(f"replica {r} is {status[r]['state']} at step {status[r]['step']}"
+                              for r in behind if r in status)
+            raise UsageError(f"wait step {args.step}: {_groups(behind or want)} had not committed step {args.step} "
+                             f"within {args.timeout:g} s ({where or 'no step recorded'}); "
+                             "see `%monarch status`, or pass a longer --timeout") from None
+        print(f"step {args.step} committed by {_groups(want, every=args.replica is None)} "
+              f"({time.monotonic() - t0:.1f} s)")
+
+    def check(self, args: argparse.Namespace) -> None:
+        from ..ft.waiting import require_identical
+
+        run = self.current()
+        try:
+            event = require_identical(run, timeout=args.timeout)
+        except (RuntimeError, TimeoutError) as exc:  # ReplicasDiffer is a RuntimeError
+            raise UsageError(f"check: {exc}") from None
+        print(f"replicas bit-identical at step {event.step} ({len(event.hashes)} ranks)")
+
     def stop(self) -> None:
         run = self.current()
         run.stop()
@@ -144,3 +236,11 @@ class TrainingCommands:
 
     def dashboard(self) -> Any:
         return self.current().dashboard()
+
+
+def _groups(replicas: list[int], every: bool = False) -> str:
+    """``replica 2``, ``replicas 0, 1`` or ``every replica group (0, 1, 2)``."""
+    names = ", ".join(map(str, replicas))
+    if every:
+        return f"every replica group ({names})"
+    return f"replica {names}" if len(replicas) == 1 else f"replicas {names}"
