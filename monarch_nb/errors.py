@@ -9,6 +9,26 @@ class MonarchNbError(Exception):
     """Base class for monarch_nb errors."""
 
 
+def format_ranks(ranks: "list[int] | set[int]", limit: int = 8) -> str:
+    """Ranks as a person reads them: ``[1-3, 7]``; a long list as a count and its span."""
+    ordered = sorted(set(ranks))
+    if not ordered:
+        return "[]"
+    spans: list[str] = []
+    start = prev = ordered[0]
+    for r in ordered[1:] + [None]:  # type: ignore[list-item]
+        if r is not None and r == prev + 1:
+            prev = r
+            continue
+        spans.append(str(start) if start == prev else f"{start}-{prev}")
+        if r is not None:
+            start = prev = r
+    if len(spans) <= limit:
+        count = f" ({len(ordered)} ranks)" if len(ordered) > 2 * limit else ""
+        return "[" + ", ".join(spans) + "]" + count
+    return f"{len(ordered)} ranks ({ordered[0]}..{ordered[-1]}, in {len(spans)} runs)"
+
+
 class UnknownMeshError(MonarchNbError, KeyError):
     def __init__(self, name: str, known: list[str], what: str = "mesh") -> None:
         self.name, self.known = name, known
@@ -33,9 +53,9 @@ class CallTimeout(MonarchNbError, TimeoutError):
         self.failed_ranks = failed_ranks or []
         self.timeout = timeout
         self.partial = partial or {}
-        dead = f" (known failed: {self.failed_ranks})" if self.failed_ranks else ""
+        dead = f" (known failed: {format_ranks(self.failed_ranks)})" if self.failed_ranks else ""
         super().__init__(
-            f"{endpoint}: ranks {missing_ranks} did not answer within {timeout:g} s{dead}; "
+            f"{endpoint}: ranks {format_ranks(missing_ranks)} did not answer within {timeout:g} s{dead}; "
             "check `%monarch status`, replace a failed mesh with `%monarch replace NAME`, "
             "or pass a longer timeout"
         )
@@ -48,6 +68,6 @@ class RemoteError(MonarchNbError):
         self.endpoint, self.errors, self.results = endpoint, errors, results
         first_rank = min(errors)
         super().__init__(
-            f"{endpoint} raised on ranks {sorted(errors)}; rank {first_rank}: "
+            f"{endpoint} raised on ranks {format_ranks(errors)}; rank {first_rank}: "
             f"{type(errors[first_rank]).__name__}: {errors[first_rank]}"
         )

@@ -121,3 +121,27 @@ def pid_alive(pid: int) -> bool:
         return proc.status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
+
+
+def exit_status(pid: int) -> str | None:
+    """How a dead child process ended ("killed by signal 11 (SIGSEGV)", "exited with code 13"),
+    read without reaping it (``WNOWAIT``: Monarch, its parent's owner, still reaps it); None
+    for a process that is not our child or has not ended."""
+    import os
+    import signal
+
+    try:
+        info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except (ChildProcessError, OSError):
+        return None
+    if info is None:
+        return None
+    if info.si_code in (os.CLD_KILLED, os.CLD_DUMPED):
+        try:
+            name = signal.Signals(info.si_status).name
+        except ValueError:
+            name = "?"
+        return f"killed by signal {info.si_status} ({name})"
+    if info.si_code == os.CLD_EXITED:
+        return f"exited with code {info.si_status}"
+    return None

@@ -226,3 +226,29 @@ def slurm_job(**kwargs: Any) -> Any:
 def slurm_job_id(job: Any) -> str | None:
     """The id ``sbatch`` gave a SlurmJob's allocation."""
     return getattr(job, "_slurm_job_id", None)
+
+
+def rebind_http_transport(transport: Any, host: str) -> None:
+    """Make torchft's ``HTTPTransport`` checkpoint server listen on ``host`` only (it binds every
+    interface, ``("", 0)``, with no option): its request handler is moved to a new server on
+    ``host`` and the original one is shut down. Used for runs whose peers are all on this
+    machine, so a heal server is not reachable from the network."""
+    import threading
+    from http.server import ThreadingHTTPServer
+
+    class _Server(ThreadingHTTPServer):
+        request_queue_size = 1024  # as torchft's own server
+
+    old = transport._server
+    transport._server = _Server((host, 0), old.RequestHandlerClass)
+    old.shutdown()
+    old.server_close()
+    transport._thread.join(timeout=5)
+    transport._thread = threading.Thread(target=transport._serve, daemon=True)
+    transport._thread.start()
+
+
+def manager_server_port(manager: Any) -> int | None:
+    """The port of a torchft Manager's own server (rank 0 of a group only; it binds ``[::]``)."""
+    server = getattr(manager, "_manager", None)
+    return int(server.address().rsplit(":", 1)[1]) if server is not None else None

@@ -36,12 +36,23 @@ FailureListener = Callable[[WorkerFailed], None]
 _NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.]*$")
 _AGENT_PREFIX = "_nb_agent_"
 JOB_WATCH_INTERVAL_S = 1.0
+TIMEOUT_EVENT_INTERVAL_S = 10.0
+RECENT_MESH_MEMORY_S = 60.0
 _sessions: "list[weakref.ref[Session]]" = []
 
 
 def runs_root(override: str | Path | None = None) -> Path:
     """Where run and session logs go: ``override``, else ``$MONARCH_NB_RUNS``, else ``./runs``."""
     return Path(override or os.environ.get("MONARCH_NB_RUNS") or "runs").resolve()
+
+
+def local_process_limit() -> int:
+    """The most worker processes one mesh may start on this machine without ``force``:
+    ``$MONARCH_NB_MAX_LOCAL_PROCS``, else 8 per CPU (at least 16)."""
+    configured = os.environ.get("MONARCH_NB_MAX_LOCAL_PROCS")
+    if configured and configured.isdigit():
+        return int(configured)
+    return max(16, 8 * (os.cpu_count() or 1))
 
 
 def _apply_env(env: dict[str, str]) -> None:
@@ -84,6 +95,8 @@ class Session:
         self._reaper = Reaper()
         self._closed = False
         self._job_watch: threading.Thread | None = None
+        self._timeouts: dict[tuple[str, str], tuple[float, int]] = {}  # (mesh, endpoint) -> (last event, since)
+        self._recent: dict[str, tuple[str, float]] = {}  # unique actor mesh name -> (mesh, torn down at)
         self._job_watch_stop = threading.Event()
         self._remove_hook = _runtime.add_fault_listener(self._on_fault)
         atexit.register(self.shutdown)
@@ -92,7 +105,8 @@ class Session:
     # ---- meshes -----------------------------------------------------------------------
 
     def up(self, name: str = "main", procs: int = 1, hosts: int = 1, *, job: Any = None,
-           env: dict[str, str] | None = None, host_mesh: Any = None, timeout: float | None = None) -> MeshHandle:
+           env: dict[str, str] | None = None, host_mesh: Any = None, timeout: float | None = None,
+           force: bool = False) -> MeshHandle:
         """Start a proc mesh of ``procs`` processes on each of ``hosts`` hosts.
 
         Args:
@@ -107,6 +121,7 @@ class Session:
             env: environment variables for the worker processes.
             host_mesh: hosts you allocated yourself (a Monarch ``HostMesh``); overrides ``job``.
             timeout: seconds to wait for the workers to answer (default: the session's).
+            force: start more processes on this machine than ``local_process_limit()`` allows.
         """
         self._check_open()
         if not isinstance(name, str) or not _NAME_RE.match(name):
@@ -119,6 +134,12 @@ class Session:
             if name in self.meshes:
                 raise MonarchNbError(f"a mesh named {name!r} is already up; stop it with `%monarch down {name}` "
                                      f"or replace it with `%monarch replace {name}`")
+        on_this_machine = host_mesh is None and job in (None, "local", "process")
+        limit = local_process_limit()
+        if on_this_machine and procs * hosts > limit and not force:
+            raise ValueError(f"procs: {procs} x {hosts} host(s) = {procs * hosts} processes on this machine "
+                             f"({os.cpu_count()} CPUs) is over the limit of {limit}; pass force=True "
+                             "(%monarch up --force) to start them anyway, or set MONARCH_NB_MAX_LOCAL_PROCS")
         from monarch.actor import this_host
 
         from . import jobs
@@ -249,15 +270,40 @@ class Session:
             names = [name] if name is not None else list(self.meshes)
             if name is not None and name not in self.meshes:
                 raise UnknownMeshError(name, list(self.meshes))
-        for mesh_name in names:
-            with self._lock:
+        self.down_many(names, timeout=timeout, kill=kill)
+
+    def down_many(self, names: list[str], timeout: float = 10.0, *, kill: bool = False) -> None:
+        """Stop several meshes at once (each bounded by ``timeout``): N hung meshes cost one
+        timeout, not N. Unknown names are skipped."""
+        handles = []
+        with self._lock:
+            for mesh_name in names:
                 handle = self.meshes.pop(mesh_name, None)
-                if handle is None:
-                    continue
-                for actor in handle.actors:
-                    self._actor_owner.pop(actor, None)
+                if handle is not None:
+                    handles.append(handle)
+                    for actor in handle.actors:
+                        self._actor_owner.pop(actor, None)
+
+        def stop(handle: MeshHandle) -> None:
             self._stop(handle, timeout, kill)
-            self.events.append(MeshDown(mesh=mesh_name))
+            self.events.append(MeshDown(mesh=handle.name))
+
+        now = time.monotonic()
+        with self._lock:  # remember what was torn down, to place Monarch's late reports about it
+            self._recent = {k: v for k, v in self._recent.items() if now - v[1] < RECENT_MESH_MEMORY_S}
+            for handle in handles:
+                for full_name in handle.actor_full_names.values():
+                    self._recent[full_name] = (handle.name, now)
+
+        if len(handles) == 1:
+            stop(handles[0])
+            return
+        threads = [threading.Thread(target=stop, args=(h,), name=f"monarch_nb-down-{h.name}", daemon=True)
+                   for h in handles]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
 
     def _stop(self, handle: MeshHandle, timeout: float, kill: bool = False) -> None:
         """Stop a mesh's processes. Monarch's polite stop is asked only of a mesh that can answer
@@ -367,6 +413,14 @@ class Session:
         actor_full_name, ranks, reason = _parse_failure(failure)
         base = actor_full_name.rsplit("-", 1)[0]
         with self._lock:
+            late = self._recent.get(actor_full_name)
+        if late is not None:
+            # Monarch's account of how a process died can arrive after we tore its mesh down
+            # (we act on our own pid check first): recorded, and passed on as an explanation.
+            for rank in ranks:
+                self._record_failure(None, rank, reason, mesh=late[0])
+            return
+        with self._lock:
             owner = self.meshes.get(self._actor_owner.get(base, ""))
             if owner is not None:
                 known = owner.actor_full_names.get(base)
@@ -383,8 +437,24 @@ class Session:
             for rank in handle.refresh(reason):
                 self._record_failure(handle, rank, reason)
 
-    def _record_failure(self, handle: MeshHandle, rank: int, reason: str) -> None:
-        event = WorkerFailed(mesh=handle.name, rank=rank, reason=reason)
+    def _record_timeout(self, mesh: str, endpoint: str, ranks: list[int], timeout: float) -> None:
+        """One ``call_timed_out`` event per mesh and endpoint per ``TIMEOUT_EVENT_INTERVAL_S``;
+        the ones in between are counted in the next one's ``repeats`` (a poll loop against a
+        silent rank must not grow the event log by an event per poll)."""
+        now = time.monotonic()
+        with self._lock:
+            last, suppressed = self._timeouts.get((mesh, endpoint), (None, 0))
+            if last is not None and now - last < TIMEOUT_EVENT_INTERVAL_S:
+                self._timeouts[(mesh, endpoint)] = (last, suppressed + 1)
+                return
+            self._timeouts[(mesh, endpoint)] = (now, 0)
+        self.events.append(CallTimedOut(mesh=mesh, endpoint=endpoint, missing_ranks=ranks, timeout_s=timeout,
+                                        repeats=suppressed + 1))
+
+    def _record_failure(self, handle: MeshHandle | None, rank: int, reason: str, mesh: str | None = None) -> None:
+        """Record and announce a dead rank; ``handle`` None: a late report about a mesh already down."""
+        event = WorkerFailed(mesh=handle.name if handle else mesh or "?", rank=rank, reason=reason,
+                             late=handle is None)
         self.events.append(event)
         with self._lock:
             listeners = list(self._listeners)
@@ -468,9 +538,9 @@ class DeadlineEndpoint:
         result.errors = {ranks[i]: e for i, e in result.errors.items()}
         result.missing = sorted(set([ranks[i] for i in result.missing]) | failed)
         result.ranks = ranks
-        if result.missing:
-            view.session.events.append(CallTimedOut(mesh=owner.name if owner else "?", endpoint=result.endpoint,
-                                                    missing_ranks=result.missing, timeout_s=view.timeout))
+        silent = sorted(set(result.missing) - set(owner.failed_ranks if owner else ()))
+        if silent:  # ranks known dead are no news: their failure was recorded when they died
+            view.session._record_timeout(owner.name if owner else "?", result.endpoint, silent, view.timeout)
         return result
 
     def call(self, *args: Any, **kwargs: Any) -> MeshResult:

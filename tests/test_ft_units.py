@@ -59,10 +59,12 @@ def test_config_round_trips_through_a_dict():
 # ---- restart policy -----------------------------------------------------------------------
 
 
-def test_restart_policy_backs_off_exponentially_up_to_a_cap_then_gives_up():
+def test_restart_policy_retries_at_once_then_backs_off_up_to_a_cap_then_gives_up():
     p = RestartPolicy(max_restarts=5, backoff_s=1.0, backoff_factor=2.0, max_backoff_s=5.0)
-    assert [p.delay(a) for a in range(1, 7)] == [1.0, 2.0, 4.0, 5.0, 5.0, None]
-    assert RestartPolicy(max_restarts=0).delay(1) is None
+    # the first attempt after the group trained is immediate; attempts in a row back off
+    assert [p.wait_before(n) for n in range(1, 7)] == [0.0, 1.0, 2.0, 4.0, 5.0, 5.0]
+    assert [p.allows(a) for a in (1, 5, 6)] == [True, True, False]
+    assert not RestartPolicy(max_restarts=0).allows(1)
 
 
 @pytest.mark.parametrize("policy, field", [
@@ -207,3 +209,146 @@ def test_open_run_rebuilds_recoveries_from_the_file_alone(tmp_path):
     assert rec.survivor_stall_steps == pytest.approx(1.5)
     assert history.summary()["loss_end"] < history.summary()["loss_start"]
     assert open_run(tmp_path / "events.jsonl").recoveries() == history.recoveries()
+
+
+# ---- waiting on a run: which rejoin, and the identity verdict ------------------------------
+
+
+@pytest.fixture
+def unstarted_run(tmp_path):
+    """A real FTRun that was never started: its event store is the live one, fed by hand."""
+    run = FTRun(RunConfig(replicas=3, runs_root=str(tmp_path)))
+    yield run
+    run.events.close()
+
+
+def _later(run, delay, *events):
+    import threading
+
+    def feed():
+        for e in events:
+            run.events.append(e)
+
+    threading.Timer(delay, feed).start()
+
+
+def test_wait_rejoin_waits_for_every_recovery_under_way(unstarted_run):
+    from monarch_nb.ft.waiting import wait_for_rejoin
+
+    run = unstarted_run
+    run.events.append(FaultInjected(fault="kill", replica=0, rank=0, step=4))
+    run.events.append(FailureDetected(replica=2, rank=0, reason="Killed(sig=9)"))
+    _later(run, 0.2, Rejoined(replica=2, step=9, seconds_since_failure=3.0))
+    _later(run, 0.4, FailureDetected(replica=0, rank=0, reason="Killed(sig=9)"),
+           Rejoined(replica=0, step=11, seconds_since_failure=4.5))
+    got = wait_for_rejoin(run, timeout=10)
+    assert [(e.replica, e.step) for e in got] == [(2, 9), (0, 11)]
+
+
+def test_wait_rejoin_of_one_replica_ignores_the_others(unstarted_run):
+    from monarch_nb.ft.waiting import wait_for_rejoin
+
+    run = unstarted_run
+    run.events.append(FailureDetected(replica=0, rank=0, reason="x"))
+    run.events.append(FailureDetected(replica=1, rank=0, reason="x"))
+    _later(run, 0.1, Rejoined(replica=0, step=5), Rejoined(replica=1, step=6, seconds_since_failure=2.0))
+    (e,) = wait_for_rejoin(run, replica=1, timeout=10)
+    assert (e.replica, e.step) == (1, 6)
+    with pytest.raises(ValueError, match=r"^replica: 7 is not an active replica group; active groups: 0, 1, 2"):
+        wait_for_rejoin(run, replica=7)
+
+
+def test_wait_rejoin_counts_a_commit_made_before_the_call_but_recorded_after(unstarted_run):
+    """The controller records a rejoin one poll after the worker committed: it must not be missed."""
+    import time
+
+    from monarch_nb.ft.waiting import wait_for_rejoin
+
+    run = unstarted_run
+    now = time.time()
+    run.events.append(FailureDetected(t=now - 5, replica=1, rank=0, reason="x"))
+    _later(run, 0.3, Rejoined(t=now - 0.1, replica=1, step=7, seconds_since_failure=4.9))
+    (e,) = wait_for_rejoin(run, timeout=10)
+    assert e.step == 7
+
+
+def test_wait_rejoin_with_nothing_under_way_waits_for_the_next_failure_and_rejoin(unstarted_run):
+    import time
+
+    from monarch_nb.ft.waiting import wait_for_rejoin
+
+    run = unstarted_run
+    t = time.time() - 60  # an earlier recovery, long finished, does not count
+    run.events.append(FailureDetected(t=t, replica=1, rank=0, reason="x"))
+    run.events.append(Rejoined(t=t + 5, replica=1, step=3, seconds_since_failure=5.0))
+    with pytest.raises(TimeoutError, match=r"^no replica group rejoined within 0.3 s \(none was recovering"):
+        wait_for_rejoin(run, timeout=0.3)
+    soon = time.time() + 0.2  # the worker commits after the call
+    _later(run, 0.2, FailureDetected(t=soon, replica=2, rank=0, reason="x"), Rejoined(t=soon, replica=2, step=12))
+    (e,) = wait_for_rejoin(run, timeout=10)
+    assert (e.replica, e.step) == (2, 12)
+
+
+def test_wait_rejoin_names_what_it_waited_for_and_how_far_it_got(unstarted_run):
+    from monarch_nb.ft.waiting import wait_for_rejoin
+    from monarch_nb.telemetry.events import GaveUp
+
+    run = unstarted_run
+    run.events.append(FailureDetected(replica=1, rank=0, reason="x"))
+    run.events.append(Respawned(replica=1, attempt=1, seconds=2.0))
+    with pytest.raises(TimeoutError, match=r"^replica 1 \(recovering\) did not rejoin within 0.2 s "
+                                           r"\(replica 1 healing\)"):
+        wait_for_rejoin(run, timeout=0.2)
+    _later(run, 0.1, GaveUp(replica=1, attempts=10))
+    with pytest.raises(RuntimeError, match="replica 1 will not rejoin: the restart policy gave up on it after 10"):
+        wait_for_rejoin(run, timeout=10)
+
+
+def test_describe_rejoin_is_one_line_with_the_step_and_the_time_since_the_fault():
+    from monarch_nb.ft.waiting import describe_rejoin
+
+    assert describe_rejoin(Rejoined(replica=1, step=42, seconds_since_failure=7.25)) == \
+        "replica 1 rejoined at step 42, 7.2 s after the fault"
+    assert describe_rejoin(Rejoined(replica=0, step=3)) == "replica 0 rejoined at step 3"
+
+
+def _verdict(hashes):
+    return ReplicasIdentical(step=30, identical=len({(k.split("/")[1], v) for k, v in hashes.items()})
+                             == len({k.split("/")[1] for k in hashes}), hashes=hashes)
+
+
+def test_differing_ranks_are_the_minority_of_their_rank():
+    from monarch_nb.ft.waiting import differing_ranks
+
+    same = "params:aa optim:bb"
+    assert differing_ranks(_verdict({f"replica{r}/rank{k}": same + str(k) for r in range(3) for k in range(2)})) == []
+    one = {"replica0/rank0": same, "replica1/rank0": "params:aa optim:XX", "replica2/rank0": same}
+    assert differing_ranks(_verdict(one)) == ["replica1/rank0"]
+    tie = {"replica0/rank1": same, "replica1/rank1": "params:zz optim:bb"}
+    assert differing_ranks(_verdict(tie)) == ["replica0/rank1", "replica1/rank1"]
+
+
+def test_require_identical_returns_the_verdict_or_names_the_ranks_that_differ(unstarted_run):
+    from monarch_nb.ft.waiting import ReplicasDiffer, require_identical
+
+    run = unstarted_run
+    with pytest.raises(RuntimeError, match="^fewer than two replica groups are training"):
+        require_identical(run)  # never started: nothing to compare
+    ok = _verdict({f"replica{r}/rank0": "params:a optim:b" for r in range(3)})
+    run.check_identical = lambda timeout: ok
+    assert require_identical(run) is ok
+    bad = _verdict({"replica0/rank0": "params:a optim:b", "replica1/rank0": "params:a optim:c",
+                    "replica2/rank0": "params:a optim:b"})
+    run.check_identical = lambda timeout: bad
+    with pytest.raises(ReplicasDiffer) as err:
+        require_identical(run)
+    assert err.value.ranks == ["replica1/rank0"]
+    assert str(err.value) == ("replicas are NOT bit-identical at step 30: replica1/rank0 (optimizer state) differs "
+                              "from the other replicas of the same rank (3 ranks compared)")
+
+    def slow(timeout):
+        raise TimeoutError("no matching event")
+
+    run.check_identical = slow
+    with pytest.raises(TimeoutError, match="^no identity verdict within 60 s: every training group must commit"):
+        require_identical(run)

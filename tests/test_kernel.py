@@ -120,3 +120,24 @@ def test_tearing_down_a_dead_mesh_in_a_kernel_does_not_wait_out_the_polite_stop(
     assert status == "ok", out
     killed, all_dead = (float(x) for x in out.split("TEARDOWN")[1].split()[:2])
     assert killed < 3 and all_dead < 3, out
+
+
+def test_a_kernel_killed_mid_run_leaves_no_process_and_a_readable_interrupted_run(kernel, tmp_path):
+    km, client = kernel
+    status, out = run(client, textwrap.dedent(f"""
+        import json
+        %monarch train --replicas 2 --name killed-kernel
+        run.wait_for_step(3, timeout=240)
+        print("RUN" + json.dumps({{"dir": str(run.run_dir), "pids": run.spawned_pids + [run.lighthouse_pid]}}))
+    """), timeout=300)
+    assert status == "ok", out
+    info = json.loads(out.split("RUN", 1)[1].splitlines()[0])
+    os.kill(km.provisioner.process.pid, signal.SIGKILL)
+    wait_for(lambda: not km.is_alive(), 10, "the kernel to die")
+    assert_gone(info["pids"], timeout=20)
+    from monarch_nb import open_run
+
+    history = open_run(info["dir"])
+    summary = history.summary()
+    assert summary["state"] == "interrupted" and summary["committed_steps"] >= 3, summary
+    assert summary["skipped_lines"] <= 1  # at most the line the kernel was writing when it died

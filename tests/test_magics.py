@@ -1,5 +1,9 @@
 """%monarch and %%monarch in-process through IPython's InteractiveShell, on real workers."""
 
+import threading
+import time
+from pathlib import Path
+
 import pytest
 from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShell
@@ -9,6 +13,8 @@ from monarch_nb import RemoteError, Session
 from monarch_nb.notebook.magics import MonarchMagics
 
 from proc_checks import assert_gone, wait_for
+
+EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "llama3_debug_ft.toml"
 
 
 @pytest.fixture(scope="module")
@@ -95,6 +101,15 @@ def test_an_exception_on_some_ranks_is_shown_per_rank_with_the_others_results(sh
     ("scale 0", "expected a positive integer"),
     ("schedule --every 5 --at-once 0", "expected a positive integer"),
     ("up --partition debug", "--partition and --time need --slurm"),
+    ("up --procs 10000", "procs: 10000 x 1 host(s) = 10000 processes on this machine"),
+    ("wait", "the following arguments are required: {rejoin,step}"),
+    ("wait forever", "invalid choice: 'forever'"),
+    ("wait step", "the following arguments are required: N"),
+    ("wait step 0", "expected a positive integer, got 0"),
+    ("wait step 5 --replica -1", "expected an integer >= 0, got -1"),
+    ("wait rejoin --timeout 0", "expected a positive number of seconds"),
+    ("wait rejoin 5", "unrecognized arguments: 5"),
+    ("check --timeout soon", "expected a positive number of seconds, got 'soon'"),
 ])
 def test_bad_line_arguments_raise_usage_error_with_usage(shell, line, expected):
     with pytest.raises(UsageError) as err:
@@ -111,6 +126,11 @@ def test_bad_line_arguments_raise_usage_error_with_usage(shell, line, expected):
     ("train --replicas 60 --spares 10", "replicas: 60 groups + 10 spares is more than 64"),
     ("train --job process --spares 1", "spares: not available with job='process'"),
     ("train --slurm --job process", "--slurm and --job process disagree"),
+    ("wait rejoin", "no fault-tolerant run is active"),
+    ("wait step 10", "no fault-tolerant run is active"),
+    ("check", "no fault-tolerant run is active"),
+    ("train --config nosuch.toml", "nosuch.toml: no such file; give the path of a TOML job file"),
+    (f"train --config {EXAMPLE} --seq-len 4", "seq_len: must be an integer >= 8, got 4"),
 ])
 def test_training_commands_refuse_bad_input_before_starting_anything(shell, msession, line, expected):
     before = set(msession.meshes)
@@ -173,3 +193,106 @@ def test_load_ext_registers_the_magic_in_a_plain_shell():
     shell.run_line_magic("load_ext", "monarch_nb")
     assert "monarch" in shell.magics_manager.magics["line"]
     assert "monarch" in shell.magics_manager.magics["cell"]
+
+
+# ---- wait / check / train --config on a run fed by hand (no worker starts) ------------------
+
+
+@pytest.fixture
+def fed_run(shell, tmp_path):
+    """A real, never-started FTRun as the notebook's current run; the test feeds its events."""
+    from monarch_nb.ft import FTRun, RunConfig
+
+    magics = shell.magics_manager.registry["MonarchMagics"]
+    run = FTRun(RunConfig(replicas=3, steps=100, runs_root=str(tmp_path)))
+    magics.training.run = run
+    yield run
+    magics.training.run = None
+    run.events.close()
+
+
+def _feed_later(run, delay, *events):
+    threading.Timer(delay, lambda: [run.events.append(e) for e in events]).start()
+
+
+def test_wait_rejoin_prints_which_group_came_back_at_which_step_and_how_long_after_the_fault(shell, fed_run):
+    from monarch_nb.telemetry.events import FailureDetected, FaultInjected, Rejoined
+
+    fed_run.events.append(FaultInjected(fault="kill", replica=1, rank=0, step=5))
+    _feed_later(fed_run, 0.2, FailureDetected(replica=1, rank=0, reason="Killed(sig=9)"),
+                Rejoined(t=time.time() + 0.2, replica=1, step=9, seconds_since_failure=6.4))
+    with capture_output() as out:
+        shell.run_line_magic("monarch", "wait rejoin --replica 1 --timeout 10")
+    assert out.stdout.strip() == "replica 1 rejoined at step 9, 6.4 s after the fault"
+
+
+def test_wait_timeouts_are_one_line_naming_what_was_waited_for(shell, fed_run):
+    from monarch_nb.telemetry.events import FailureDetected
+
+    fed_run.events.append(FailureDetected(replica=2, rank=0, reason="x"))
+    with pytest.raises(UsageError) as err:
+        shell.run_line_magic("monarch", "wait rejoin --timeout 0.2")
+    assert str(err.value).startswith("wait rejoin: replica 2 (recovering) did not rejoin within 0.2 s")
+    assert "\n" not in str(err.value)
+    with pytest.raises(UsageError) as err:
+        shell.run_line_magic("monarch", "wait step 5 --replica 0 --timeout 0.2")
+    assert str(err.value).startswith("wait step 5: replica 0 had not committed step 5 within 0.2 s")
+    assert "pass a longer --timeout" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_wait_step_prints_when_every_group_committed_it(shell, fed_run):
+    from monarch_nb.telemetry.events import Step
+
+    _feed_later(fed_run, 0.1, *[Step(replica=r, step=12, loss=1.0, tokens_per_s=1.0, committed=True) for r in range(3)])
+    with capture_output() as out:
+        shell.run_line_magic("monarch", "wait step 12 --timeout 10")
+    assert out.stdout.startswith("step 12 committed by every replica group (0, 1, 2)")
+    with pytest.raises(UsageError, match=r"step 101 is past the run's last step \(steps=100\)(.|\n)*usage:"):
+        shell.run_line_magic("monarch", "wait step 101")
+    with pytest.raises(UsageError, match=r"--replica: 5 is not an active replica group; active groups: 0, 1, 2"):
+        shell.run_line_magic("monarch", "wait step 3 --replica 5")
+
+
+def test_check_prints_the_verdict_or_names_the_ranks_that_differ(shell, fed_run):
+    from monarch_nb.telemetry.events import ReplicasIdentical
+
+    same = {f"replica{r}/rank0": "params:a optim:b" for r in range(3)}
+    fed_run.check_identical = lambda timeout: ReplicasIdentical(step=40, identical=True, hashes=same)
+    with capture_output() as out:
+        shell.run_line_magic("monarch", "check")
+    assert out.stdout.strip() == "replicas bit-identical at step 40 (3 ranks)"
+    differ = dict(same, **{"replica2/rank0": "params:z optim:b"})
+    fed_run.check_identical = lambda timeout: ReplicasIdentical(step=41, identical=False, hashes=differ)
+    with pytest.raises(UsageError, match=r"^check: replicas are NOT bit-identical at step 41: "
+                                         r"replica2/rank0 \(parameters\) differs"):
+        shell.run_line_magic("monarch", "check")
+
+
+def test_train_config_reads_the_job_file_and_flags_override_it(shell, monkeypatch):
+    import monarch_nb.ft
+
+    made = []
+
+    class RecordingRun:  # stands in for FTRun: records the config, starts nothing
+        def __init__(self, config, session=None):
+            self.config, self.run_id, self.run_dir, self.stopped = config, "recorded", Path("/nowhere"), False
+            made.append(self)
+
+        def start(self):
+            return self
+
+        def wait_for_step(self, *args, **kwargs):
+            pass
+
+    monkeypatch.setattr(monarch_nb.ft, "FTRun", RecordingRun)
+    magics = shell.magics_manager.registry["MonarchMagics"]
+    try:
+        with capture_output() as out:
+            shell.run_line_magic("monarch", f"train --config {EXAMPLE} --steps 50 --model small --max-restarts 2")
+    finally:
+        magics.training.run = None
+        shell.user_ns.pop("run", None)
+    cfg = made[0].config
+    assert (cfg.steps, cfg.model, cfg.restart.max_restarts) == (50, "small", 2)  # the flags
+    assert (cfg.replicas, cfg.seq_len, cfg.hang_timeout_s) == (3, 64, 5.0)  # the file
+    assert f"from {EXAMPLE}" in out.stdout

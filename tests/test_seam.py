@@ -215,3 +215,30 @@ def test_squeue_22_05_job_shape_is_mapped_to_what_slurm_job_reads():
     assert out["job_resources"]["nodes"] == {"allocation": [{"name": "n1"}, {"name": "n2"}]}
     newer = {"job_id": 8, "job_state": ["RUNNING"], "job_resources": {"nodes": {"allocation": [{"name": "a"}]}}}
     assert seam._normalize_squeue_job(newer)["job_resources"] == newer["job_resources"]
+
+
+def test_http_transport_rebound_to_loopback_still_serves_a_checkpoint():
+    import torch
+    from torchft.checkpointing.http_transport import HTTPTransport
+
+    sender = HTTPTransport(timeout=timedelta(seconds=10), num_chunks=0)
+    receiver = HTTPTransport(timeout=timedelta(seconds=10), num_chunks=0)
+    try:
+        seam.rebind_http_transport(sender, "127.0.0.1")
+        assert sender._server.server_address[0] == "127.0.0.1"
+        state = {"w": torch.arange(6.0)}
+        sender.send_checkpoint(dst_ranks=[1], step=7, state_dict=state, timeout=timedelta(seconds=10))
+        got = receiver.recv_checkpoint(src_rank=0, metadata=sender.metadata(), step=7, timeout=timedelta(seconds=10))
+        assert torch.equal(got["w"], state["w"])
+    finally:
+        sender.shutdown(wait=False)
+        receiver.shutdown(wait=False)
+
+
+def test_manager_server_port_names_the_port_of_the_managers_own_server(manager):
+    import socket
+
+    mgr, _ = manager
+    port = seam.manager_server_port(mgr)
+    with socket.create_connection(("127.0.0.1", port), timeout=5):
+        pass

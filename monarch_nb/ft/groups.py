@@ -45,7 +45,8 @@ class ReplicaGroup:
 
     index: int
     state: str = STARTING
-    attempts: int = 0
+    attempts: int = 0  # times the group was brought back, over the run
+    in_a_row: int = 0  # attempts since the group last trained (the restart policy backs off on these)
     actors: Any = None
     step: int = 0
     last_answer: float = 0.0  # monotonic time of the last complete poll

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Iterable
 
-from ..telemetry.events import Event, Healed, Quorum, Rejoined, Step
+from ..telemetry.events import Event, Healed, Quorum, QuorumTimedOut, Rejoined, Step
 
 
 @dataclass(frozen=True)
@@ -79,6 +79,8 @@ class EventIngest:
                              bytes=sum(int(p["bytes"]) for p in parts.values()),
                              seconds=max(float(p["seconds"]) for p in parts.values()),
                              source_replica=first.get("source_replica"))
+        elif kind == "quorum_timeout" and rank == 0:
+            yield QuorumTimedOut(t=t, replica=replica, error=str(ev.get("error", "")))
         elif kind == "hashes":
             yield HashReport(replica=replica, rank=rank, step=int(ev["step"]), params=str(ev["params"]),
                              optim=str(ev["optim"]))

@@ -37,8 +37,13 @@ class Lighthouse:
         self._proc: subprocess.Popen | None = None
 
     def start(self, timeout: float = 30.0) -> "Lighthouse":
+        """Start the server; a restart binds the port the first start got, so Managers that
+        know the address find it again."""
         s = self.settings
-        cmd = [sys.executable, "-m", "monarch_nb.ft.lighthouse", "--bind", s.bind,
+        bind = s.bind
+        if self.address is not None:  # a restart: same host and port as before
+            bind = f"{s.bind.rsplit(':', 1)[0]}:{self.address.rsplit(':', 1)[1]}"
+        cmd = [sys.executable, "-m", "monarch_nb.ft.lighthouse", "--bind", bind,
                "--min-replicas", str(s.min_replicas), "--join-timeout-ms", str(s.join_timeout_ms),
                "--quorum-tick-ms", str(s.quorum_tick_ms), "--heartbeat-timeout-ms", str(s.heartbeat_timeout_ms)]
         self._proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
@@ -60,9 +65,17 @@ class Lighthouse:
         sel.close()
         if not line:
             self.stop()
-            raise RuntimeError(f"torchft Lighthouse did not start within {timeout:g} s")
+            raise RuntimeError(f"torchft Lighthouse did not start within {timeout:g} s (bind {bind})")
         self.address = json.loads(line)["address"]
         return self
+
+    def exit_status(self) -> str | None:
+        """None while the server runs; else how it ended, in words."""
+        proc = self._proc
+        if proc is None or proc.poll() is None:
+            return None
+        code = proc.returncode
+        return f"killed by signal {-code}" if code < 0 else f"exited with code {code}"
 
     def stop(self, timeout: float = 5.0) -> None:
         proc, self._proc = self._proc, None

@@ -35,6 +35,7 @@ from ..telemetry.events import (
     ReplicasIdentical,
     Respawned,
     TornDown,
+    WorkerFailed,
 )
 
 # The phases of a recovery in order; each ends with the event named in the docstring of Phase.
@@ -70,6 +71,7 @@ class Recovery:
     injections: int = 0  # faults injected into the group for this one failure
     detected_t: float | None = None
     detection_s: float | None = None  # fault fired -> detected, when the fault log says when it fired
+    detected_by: str | None = None  # supervision, pid, endpoint, trainer, hang, scheduler
     torn_down_t: float | None = None
     teardown_s: float | None = None
     acquired_t: float | None = None
@@ -188,6 +190,8 @@ class RecoveryTracker:
         replica = getattr(e, "replica", None)
         if isinstance(e, ReplicasIdentical):
             return self._identity(e)
+        if isinstance(e, WorkerFailed):
+            return self._explain(e)
         if replica is None:
             return None
         rec = self._open.get(replica)
@@ -211,6 +215,7 @@ class RecoveryTracker:
             if rec is None:
                 rec = self._start(replica)
             rec.detected_t, rec.detection_s, rec.reason = e.t, e.detection_s, e.reason
+            rec.detected_by = e.source
             rec.rank = e.rank if e.rank is not None else rec.rank
             return rec
         if rec is None:
@@ -232,6 +237,18 @@ class RecoveryTracker:
             self._close(rec)
         else:
             return None
+        return rec
+
+    def _explain(self, e: WorkerFailed) -> Recovery | None:
+        """Monarch's report of how a process died, arriving after our own pid check acted on it,
+        becomes the reason of that recovery (the pid check only knows the process is gone)."""
+        if not e.mesh.startswith("replica") or not e.mesh[len("replica"):].isdigit():
+            return None
+        replica = int(e.mesh[len("replica"):])
+        rec = next((r for r in reversed(self.recoveries) if r.replica == replica), None)
+        if rec is None or rec.detected_by != "pid" or rec.detected_t is None or e.t - rec.detected_t > 60:
+            return None
+        rec.reason, rec.detected_by = e.reason, "pid, explained by supervision"
         return rec
 
     def _identity(self, e: ReplicasIdentical) -> Recovery | None:

@@ -37,6 +37,15 @@ from .. import seam
 from .platform import Platform, select_platform
 
 
+def _is_loopback(host: str) -> bool:
+    import ipaddress
+
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
 def _local(t: Any) -> Any:
     """The local shard of a DTensor (FSDP), or the tensor itself."""
     to_local = getattr(t, "to_local", None)
@@ -150,18 +159,37 @@ class ReplicaTrainer:
         """Become replica ``replica``: a torchft Manager that joins the next quorum (and heals
         from a peer there). Returns the seconds it took."""
         t0 = time.time()
-        self.replica = replica
+        self.replica, self.lighthouse = replica, lighthouse
         self.manager = self._build_manager(lighthouse, self.host)
         self.quorum_recorder = seam.record_quorums(self.manager)
         return time.time() - t0
+
+    def _new_manager(self) -> None:
+        """A fresh torchft Manager with this replica's step: after a quorum request timed out,
+        torchft 0.2.0's Manager fails every later request at once (seen when the Lighthouse died
+        and came back on the same address), while model, optimizer and step are all intact
+        here. The new Manager joins the next quorum of a restarted Lighthouse as the same step,
+        so no group loses its state or restarts."""
+        state = self.manager.state_dict()
+        try:
+            self.manager.shutdown(wait=False)
+        except Exception:
+            pass
+        self.manager = self._build_manager(self.lighthouse, self.host)
+        self.manager.load_state_dict(state)
+        self.quorum_recorder = seam.record_quorums(self.manager)
+        self._last_quorum_id = None
+        self._retry = None
 
     # ---- construction --------------------------------------------------------------------
 
     def _build_model(self, torch: Any) -> tuple[Any, Any]:
         from torchtitan.models.common import ScaledDotProductAttention
-        from torchtitan.models.llama3 import llama3_configs
 
-        model_cfg = llama3_configs[self.cfg.get("model", "debugmodel")](attn_backend="flex")
+        from .flavors import model_config
+
+        # torchtitan's flavours, or monarch_nb's "small"/"medium" (monarch_nb/ft/flavors.py).
+        model_cfg = model_config(self.cfg.get("model", "debugmodel"), attn_backend="flex")
         # FlexAttention has no CPU backward and varlen no CPU kernel: the SDPA inner attention
         # (causal, no document masks) works everywhere. Our sequences are packed windows.
         for layer in model_cfg.layers:
@@ -275,7 +303,7 @@ class ReplicaTrainer:
             min_replica_size=int(self.cfg.get("min_replicas", 1)),
             use_async_quorum=False,
             timeout=timeout,
-            quorum_timeout=timedelta(seconds=float(self.cfg.get("quorum_timeout_s", 60))),
+            quorum_timeout=timedelta(seconds=float(self.cfg.get("quorum_timeout_s", 10))),
             connect_timeout=timedelta(seconds=30),
             rank=self.rank,
             world_size=self.group_size,
@@ -317,8 +345,16 @@ class ReplicaTrainer:
                     return f"http://{host}:{seam.http_transport_port(self)}/checkpoint/"
 
             transport = PeerTransport(timeout=timeout, num_chunks=0)
+            if _is_loopback(host):  # peers are on this machine: nothing else may fetch our state
+                seam.rebind_http_transport(transport, host)
         transport.recv_checkpoint = recorded(transport.recv_checkpoint)
         return transport
+
+    def listening(self) -> dict[str, int | None]:
+        """The TCP ports this rank's torchft parts listen on (what ``ss -ltnp`` shows)."""
+        http = seam.http_transport_port(self.transport) if hasattr(self.transport, "_server") else None
+        return {"torchft manager server": seam.manager_server_port(self.manager) if self.manager else None,
+                "tcp store": self.store_port if self.rank == 0 else None, "checkpoint server": http}
 
     # ---- state that torchft moves between peers (read live, loaded in place) --------------
 
@@ -392,7 +428,16 @@ class ReplicaTrainer:
         import torch
 
         t0 = time.time()
-        self.manager.start_quorum()
+        try:
+            self.manager.start_quorum()
+        except TimeoutError as exc:
+            # No quorum in quorum_timeout_s: the Lighthouse is gone (a request in flight to a
+            # Lighthouse that died never completes) or too few groups are alive. Not this
+            # group's failure: report it and ask again - a restarted Lighthouse answers.
+            self.emit({"kind": "quorum_timeout", "replica": self.replica, "rank": self.rank,
+                       "error": str(exc)[:200], "t": time.time()})
+            self._new_manager()
+            return {"kind": "quorum_timeout", "step": self.manager.current_step(), "committed": False}
         if self._last_quorum_id is not None and seam.process_group_is_down(self.ft_pg):
             raise CommsBroken("the cross-replica process group is down and the new quorum did not rebuild it")
         q = self.quorum_recorder.last

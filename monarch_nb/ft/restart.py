@@ -1,9 +1,13 @@
 """When and how often a failed replica group is brought back.
 
-The supervisor in :mod:`monarch_nb.ft.run` asks the policy for the delay before each
-respawn attempt; the policy answers with exponential backoff (capped) until the group has
-used its ``max_restarts``, then ``None``: the run records ``gave_up`` and carries on with
-the remaining groups. Attempts are counted per replica group over the whole run.
+The supervisor in :mod:`monarch_nb.ft.supervisor` asks the policy before every attempt to
+bring a group back. The first attempt after a group trained is immediate - a recovery must
+not wait for nothing - and each further attempt in a row (the respawn itself failed, or the
+group failed again before it rejoined) waits longer: ``backoff_s`` times ``backoff_factor``
+per attempt, capped at ``max_backoff_s``, so a cause that does not go away (a lost
+Lighthouse, a full node) never turns into a tight loop. After ``max_restarts`` attempts over
+the whole run the policy gives up on the group: the run records ``gave_up`` and carries on
+with the others.
 """
 
 from __future__ import annotations
@@ -13,8 +17,15 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class RestartPolicy:
+    """Args:
+        max_restarts: attempts to bring one group back, over the whole run (0: never).
+        backoff_s: wait before the second attempt in a row, in seconds.
+        backoff_factor: each further attempt in a row waits this many times longer.
+        max_backoff_s: the longest wait between attempts, in seconds.
+    """
+
     max_restarts: int = 10
-    backoff_s: float = 0.0
+    backoff_s: float = 1.0
     backoff_factor: float = 2.0
     max_backoff_s: float = 30.0
 
@@ -29,10 +40,14 @@ class RestartPolicy:
             raise ValueError(
                 f"restart.max_backoff_s: must be >= backoff_s ({self.backoff_s}), got {self.max_backoff_s!r}")
 
-    def delay(self, attempt: int) -> float | None:
-        """Seconds to wait before respawn ``attempt`` (1-based); ``None`` once attempts are used up."""
-        if attempt < 1:
-            raise ValueError(f"attempt: must be >= 1, got {attempt}")
-        if attempt > self.max_restarts:
-            return None
-        return min(self.max_backoff_s, self.backoff_s * self.backoff_factor ** (attempt - 1))
+    def allows(self, attempt: int) -> bool:
+        """May the group be brought back an ``attempt``-th time (1-based, over the run)?"""
+        return attempt <= self.max_restarts
+
+    def wait_before(self, in_a_row: int) -> float:
+        """Seconds to wait before the ``in_a_row``-th consecutive attempt (1: none)."""
+        if in_a_row < 1:
+            raise ValueError(f"in_a_row: must be >= 1, got {in_a_row}")
+        if in_a_row == 1:
+            return 0.0
+        return min(self.max_backoff_s, self.backoff_s * self.backoff_factor ** (in_a_row - 2))

@@ -27,7 +27,16 @@ from typing import Any, Callable
 from .. import views
 from ..session import runs_root
 from ..telemetry import EventStore
-from ..telemetry.events import Event, ReplicasIdentical, RunStarted, RunStopped, Scaled, Step
+from ..telemetry.events import (
+    Event,
+    LighthouseFailed,
+    LighthouseRestarted,
+    ReplicasIdentical,
+    RunStarted,
+    RunStopped,
+    Scaled,
+    Step,
+)
 from .config import MAX_GROUPS, RunConfig
 from .faults import Fault, FaultKind, FaultSchedule, record_firing
 from .groups import GAVE_UP, RETIRED, STARTING, STOPPED, TRAINING, GroupTable, ReplicaGroup
@@ -38,6 +47,9 @@ from .injector import FaultInjector
 from .lighthouse import Lighthouse, LighthouseSettings
 from .placement import placement_for
 from .supervisor import Supervisor
+
+STOP_TIMEOUT_S = 3.0  # how long stop() waits for a group's polite stop before killing it
+LIGHTHOUSE_POLL_S = 0.25
 
 
 class FTRun:
@@ -89,6 +101,7 @@ class FTRun:
         self.supervisor: Supervisor | None = None
         self._unsubscribe: Callable[[], None] | None = None
         self._scaling = threading.Lock()
+        self._lighthouse_stop = threading.Event()
         self._dashboard: Any = None
         self.started = False
         self.stopped = False
@@ -197,6 +210,7 @@ class FTRun:
             self.stop(reason="failed to start")
             raise
         sup.watch()
+        threading.Thread(target=self._watch_lighthouse, name="ft-lighthouse-watch", daemon=True).start()
         if sup.spares is not None:
             sup.spares.fill()  # in the background, after the groups: they compete for the same cores
         return self
@@ -210,6 +224,37 @@ class FTRun:
         if g is None:
             return (worker_cfg, None, None, store_port, self.data_dir, self.fault_log, 0)
         return (worker_cfg, g.index, self.lighthouse.address, store_port, self.data_dir, self.fault_log, g.attempts)
+
+    def _watch_lighthouse(self) -> None:
+        """The Lighthouse is watched like any other process: if it dies it is restarted on the
+        same address, and the groups' Managers find it again at their next quorum."""
+        lighthouse = self.lighthouse
+        assert lighthouse is not None
+        while not self._lighthouse_stop.wait(LIGHTHOUSE_POLL_S):
+            status = lighthouse.exit_status()
+            if status is None:
+                continue
+            self.events.append(LighthouseFailed(address=lighthouse.address or "?", pid=lighthouse.pid,
+                                                reason=f"the torchft Lighthouse (pid {lighthouse.pid}) {status}: "
+                                                       "the groups cannot form a quorum until it is back"))
+            t0 = time.monotonic()
+            delay = 0.0
+            while not self._lighthouse_stop.is_set():
+                try:
+                    lighthouse.stop()  # reap the dead process
+                    lighthouse.start()
+                except Exception as exc:  # the port may still be held for a moment: try again
+                    delay = min(5.0, max(0.2, delay * 2))
+                    self._lighthouse_stop.wait(delay)
+                    last_error = str(exc)
+                    if time.monotonic() - t0 > 60:
+                        self.events.append(LighthouseFailed(address=lighthouse.address or "?", pid=None,
+                                                            reason=f"could not restart the Lighthouse: {last_error}"))
+                        return
+                    continue
+                self.events.append(LighthouseRestarted(address=lighthouse.address or "?", pid=lighthouse.pid,
+                                                       seconds=time.monotonic() - t0))
+                break
 
     # ---- faults -----------------------------------------------------------------------
 
@@ -291,16 +336,17 @@ class FTRun:
         self.stopped = True
         atexit.unregister(self.stop)
         self.faults.stop_schedule()
+        self._lighthouse_stop.set()
         if self.supervisor is not None:
-            self.supervisor.stop()
+            self.supervisor.stop(timeout=STOP_TIMEOUT_S)
         if self._unsubscribe is not None:
             self._unsubscribe()
         if self._session is not None and self.supervisor is not None:
+            # All groups at once, each bounded: a hung group (GIL held) cannot answer Monarch's
+            # polite stop and is killed after STOP_TIMEOUT_S.
+            names = [g.name for g in self.groups if g.name in self._session.meshes]
+            self._session.down_many(names, timeout=STOP_TIMEOUT_S)
             for g in self.groups:
-                try:
-                    self._session.down(g.name)
-                except Exception:
-                    pass
                 if g.state not in (GAVE_UP, RETIRED):
                     self.supervisor.set_state(g, STOPPED)
         self.placement.close()

@@ -19,7 +19,7 @@ import threading
 import time
 from typing import Any, Callable
 
-from ..meshes import pid_alive
+from ..meshes import exit_status, pid_alive
 from ..telemetry.events import Acquired, Event, FailureDetected, GaveUp, ReplicaState, Respawned, TornDown
 from .config import RunConfig
 from .groups import (
@@ -47,8 +47,6 @@ log = logging.getLogger(__name__)
 # Environment of worker processes (on top of the controller's, which they inherit): torchft's
 # Rust side logs every quorum and commit at INFO; one intra-op thread per process on CPU.
 WORKER_ENV = {"RUST_LOG": "warn", "OMP_NUM_THREADS": "1"}
-# How long a pid check that found a dead rank waits for Monarch's report of how it died.
-SUPERVISION_REPORT_WAIT_S = 0.6
 
 
 def _free_port(host: str = "127.0.0.1") -> int:
@@ -137,14 +135,20 @@ class Supervisor:
         self.call(g, "activate", g.index, self._lighthouse(), g.attempts, timeout=30.0)
 
     def wait_ready(self, g: ReplicaGroup, deadline: float) -> None:
-        """Poll until every rank's actor is constructed."""
+        """Poll until every rank's actor is constructed (a poll waits for the constructor).
+        A rank that died while starting ends the wait at once: it would never answer."""
         while True:
             left = deadline - time.monotonic()
             if left <= 0:
                 raise TimeoutError(f"{g.name}: trainer actors not ready within {self.config.init_timeout_s:g} s")
+            if self.stopping.is_set():
+                raise RuntimeError(f"{g.name}: the run is stopping")
             failure = self.groups.take_failure(g)
             if failure is not None:
                 raise RuntimeError(f"{g.name} failed while starting: {failure.reason}")
+            dead = [p for p in self.session.mesh(g.name).procs if p.state == "failed"]
+            if dead:
+                raise RuntimeError(f"{g.name} rank {dead[0].rank} died while starting: {dead[0].reason}")
             result = self.poll(g, min(left, 10.0))
             if result.errors:
                 rank, err = next(iter(result.errors.items()))
@@ -169,6 +173,7 @@ class Supervisor:
             else:
                 self._emit(item)
                 if item.kind == "rejoined":
+                    g.in_a_row = 0
                     self.set_state(g, TRAINING)
                     if self.config.check_identical:
                         threading.Thread(target=self.request_identity, name="ft-hash-check", daemon=True).start()
@@ -204,9 +209,15 @@ class Supervisor:
         if self.spares is not None and self.spares.failed(mesh, getattr(event, "reason", "process failed")):
             return
         g = self.groups.by_name(mesh)
-        if g is not None:
-            self.groups.signal_failure(g, Failure(getattr(event, "reason", "process failed"),
-                                                  getattr(event, "rank", None), time.time(), "supervision"))
+        if g is None:
+            return
+        failure = Failure(getattr(event, "reason", "process failed"), getattr(event, "rank", None), time.time(),
+                          "supervision")
+        if getattr(event, "late", False) or not self.groups.signal_failure(g, failure):
+            # Monarch's account of a failure we already act on: how the process died. The run's
+            # history takes it as the explanation of that recovery.
+            if self.session.events is not self.events:
+                self._emit(event)
 
     def _watch_group(self, g: ReplicaGroup) -> None:
         while not self.stopping.is_set():
@@ -228,7 +239,8 @@ class Supervisor:
         here = socket.gethostname()
         for rank, (pid, host) in enumerate(g.procs):
             if host == here and not pid_alive(pid):
-                return Failure(f"process {pid} of rank {rank} is gone (found by pid check)", rank, time.time(), "pid")
+                how = exit_status(pid) or "is gone"
+                return Failure(f"process {pid} of rank {rank} {how} (found by pid check)", rank, time.time(), "pid")
         return None
 
     def check(self, g: ReplicaGroup) -> Failure | None:
@@ -238,14 +250,8 @@ class Supervisor:
             return failure
         dead = self._dead_rank(g)
         if dead is not None:
-            # Give Monarch supervision (it polls every 300 ms) a moment to say how it died
-            # (signal, exit code): after the teardown its report can no longer be matched.
-            deadline = time.monotonic() + SUPERVISION_REPORT_WAIT_S
-            while self.groups.take_failure(g) is None and time.monotonic() < deadline and not self.stopping.is_set():
-                time.sleep(0.05)
-            told = self.groups.take_failure(g)
-            if told is not None:
-                return Failure(told.reason, told.rank, min(dead.t, told.t), told.source)
+            # No wait for Monarch's report of how it died: it may come later, and the run's
+            # history then takes it as the explanation (see on_worker_failed).
             return dead
         # Short polls: a hung group is then noticed within hang_timeout_s + about one poll.
         result = self.poll(g, max(0.2, min(0.5, self.config.hang_timeout_s / 4)))
@@ -286,16 +292,20 @@ class Supervisor:
         self._emit(FailureDetected(t=failure.t, replica=g.index, rank=failure.rank, reason=failure.reason,
                                    detection_s=(failure.t - fired) if fired else None, source=failure.source))
         self.set_state(g, FAILED, failure.reason[:200])
+        policy = self.config.restart
         while not self.stopping.is_set() and not getattr(self.session, "_closed", False):
             self.teardown(g)
             attempt = g.attempts + 1
-            delay = self.config.restart.delay(attempt)
-            if delay is None:
+            if not policy.allows(attempt):
                 self._emit(GaveUp(replica=g.index, attempts=g.attempts))
                 self.set_state(g, GAVE_UP, f"after {g.attempts} restarts")
                 return
-            if delay and self.stopping.wait(delay):
-                return
+            g.in_a_row += 1  # reset when the group rejoins: a cause that persists backs off
+            delay = policy.wait_before(g.in_a_row)
+            if delay:
+                self.set_state(g, FAILED, f"attempt {attempt} in {delay:g} s (attempt {g.in_a_row} in a row)")
+                if self.stopping.wait(delay):
+                    return
             g.attempts = attempt
             self.set_state(g, RESPAWNING, f"attempt {attempt}")
             t0 = time.time()
@@ -363,15 +373,19 @@ class Supervisor:
 
     # ---- stopping ----------------------------------------------------------------------
 
-    def stop(self, timeout: float = 30.0) -> None:
+    def stop(self, timeout: float = 3.0) -> None:
+        """Stop watching: every thread gets ``timeout`` in all (a respawn in progress notices
+        the stop at its next poll); spares are killed (they hold no state worth keeping)."""
         self.stopping.set()
         for g in self.groups:
             g.wake.set()
+        deadline = time.monotonic() + timeout
         for t in self._threads:
-            t.join(timeout=timeout)
+            t.join(timeout=max(0.0, deadline - time.monotonic()))
         if self.spares is not None:
-            for spare in self.spares.stop():
-                self.teardown_spare(spare)
+            held = self.spares.stop()
+            if held:
+                self.session.down_many([s.mesh for s in held], kill=True)
 
 
 def _trainer_class() -> type:

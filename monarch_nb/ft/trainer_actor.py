@@ -148,6 +148,11 @@ class TrainerActor(Actor):
         return seconds
 
     @endpoint
+    def listening(self) -> dict[str, int | None]:
+        """Ports this rank's torchft parts listen on (for the socket audit)."""
+        return self.trainer.listening()
+
+    @endpoint
     def retire(self) -> bool:
         """Leave the run after the current step (elastic scale-down): not a failure."""
         self._retire.set()

@@ -18,6 +18,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
+from ..errors import format_ranks
 from ..ft.faults import FaultKind
 from ..ft.recovery import Recovery, RecoveryTracker
 from ..telemetry.events import (
@@ -46,6 +47,8 @@ from ..telemetry.events import (
 from .palette import StateStyle, style_of
 
 FAULT_KINDS = tuple(k.value for k in FaultKind)
+# Group states that claim something is happening now (an interrupted run cannot claim them).
+_ACTIVE_STATES = ("starting", "training", "respawning", "healing")
 
 
 @dataclass
@@ -151,7 +154,10 @@ PANELS = (HEADER, HEALTH, QUORUM, PLOT, TIMELINE, CONTROLS)
 class DashboardModel:
     """Folds telemetry events into what the dashboard shows. Not thread-safe: callers lock."""
 
-    def __init__(self, *, log_size: int = 200) -> None:
+    def __init__(self, *, log_size: int = 200, reopened: bool = False) -> None:
+        # A log read back from disk that nothing appends to (``EventStore.open``): a run in it
+        # without run_stopped is over without having said so - interrupted, not running.
+        self.reopened = reopened
         self.run_id: str | None = None
         self.config: dict[str, Any] = {}
         self.started_t: float | None = None
@@ -415,7 +421,8 @@ class DashboardModel:
         return {TIMELINE}
 
     def _on_CallTimedOut(self, e: CallTimedOut) -> set[str]:
-        self._log(e, f"{e.mesh}.{e.endpoint} timed out after {e.timeout_s:g} s (ranks {e.missing_ranks})")
+        again = f", {e.repeats} calls" if e.repeats > 1 else ""
+        self._log(e, f"{e.endpoint} timed out after {e.timeout_s:g} s (ranks {format_ranks(e.missing_ranks)}{again})")
         return {TIMELINE}
 
     def _on_ReplicasIdentical(self, e: ReplicasIdentical) -> set[str]:
@@ -427,12 +434,23 @@ class DashboardModel:
     # ---- views ------------------------------------------------------------------------
 
     @property
+    def interrupted(self) -> bool:
+        """A reopened run whose log ends without run_stopped: its controller died (or another
+        process still writes it); either way nothing here will move, so it must not look live."""
+        return self.reopened and self.started_t is not None and self.stopped_t is None
+
+    @property
     def live(self) -> bool:
-        return self.started_t is not None and self.stopped_t is None
+        return self.started_t is not None and self.stopped_t is None and not self.interrupted
 
     def reference_time(self, now: float) -> float:
-        """'Now' for heartbeat ages: the wall clock while live, the stop time once stopped."""
-        return self.stopped_t if self.stopped_t is not None else now
+        """'Now' for heartbeat ages: the wall clock while live, the stop time once stopped, the
+        last event of an interrupted run (all the log knows)."""
+        if self.stopped_t is not None:
+            return self.stopped_t
+        if self.interrupted and self.last_event_t is not None:
+            return self.last_event_t
+        return now
 
     @property
     def total_groups(self) -> int:
@@ -447,8 +465,11 @@ class DashboardModel:
             rec = self.replicas[replica]
             age = None if rec.last_seen_t is None else max(0.0, ref - rec.last_seen_t)
             state = "failed" if rec.unseen_failure is not None else rec.state
+            was = None
+            if self.interrupted and state in _ACTIVE_STATES:
+                state, was = "unknown", state  # the log ends here: no one knows what it does now
             for rank in range(self.group_size):
-                detail = rec.detail
+                detail = rec.detail if was is None else f"was {was} when the log ended (run interrupted)"
                 if state == "failed":
                     reason = rec.unseen_failure if rec.state != "failed" else rec.detail
                     if rec.failed_rank is None:

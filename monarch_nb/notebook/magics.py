@@ -25,8 +25,8 @@ from .html import cell_outputs_html, register_views, run_status_html
 from .slicing import validate_slice
 from .train_magics import TrainingCommands, add_training_commands
 
-SUBCOMMANDS = ("up", "status", "down", "replace", "kill", "train", "inject", "schedule", "scale", "stop",
-               "dashboard")
+SUBCOMMANDS = ("up", "status", "down", "replace", "kill", "train", "inject", "schedule", "scale", "wait", "check",
+               "stop", "dashboard")
 
 
 def _line_parser() -> MagicArgumentParser:
@@ -41,6 +41,7 @@ def _line_parser() -> MagicArgumentParser:
     up.add_argument("--env", type=key_value, action="append", default=[], metavar="NAME=VALUE",
                     help="environment variable for the workers (repeatable)")
     up.add_argument("--timeout", type=positive_float, default=None, help="seconds to wait for the workers")
+    up.add_argument("--force", action="store_true", help="start more local processes than the machine's limit")
     up.add_argument("--slurm", action="store_true", help="hosts from a SLURM allocation (released by down)")
     up.add_argument("--partition", default=None, help="with --slurm: SLURM partition")
     up.add_argument("--time", default=None, dest="time_limit", metavar="HH:MM:SS", help="with --slurm: time limit")
@@ -113,7 +114,7 @@ class MonarchMagics(Magics):
 
     def _cmd_up(self, args: Any) -> Any:
         handle = self.session.up(args.name, procs=args.procs, hosts=args.hosts, job=_job_of(args),
-                                 env=dict(args.env) or None, timeout=args.timeout)
+                                 env=dict(args.env) or None, timeout=args.timeout, force=args.force)
         display(handle)
         return None
 
@@ -152,6 +153,12 @@ class MonarchMagics(Magics):
 
     def _cmd_scale(self, args: Any) -> None:
         self.training.scale(args)
+
+    def _cmd_wait(self, args: Any) -> None:
+        self.training.wait(args)
+
+    def _cmd_check(self, args: Any) -> None:
+        self.training.check(args)
 
     def _cmd_stop(self, args: Any) -> None:
         self.training.stop()
