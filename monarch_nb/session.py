@@ -130,16 +130,16 @@ class Session:
             raise ValueError(f"procs must be a positive integer, got {procs!r}")
         if not isinstance(hosts, int) or hosts < 1:
             raise ValueError(f"hosts must be a positive integer, got {hosts!r}")
-        with self._lock:
-            if name in self.meshes:
-                raise MonarchNbError(f"a mesh named {name!r} is already up; stop it with `%monarch down {name}` "
-                                     f"or replace it with `%monarch replace {name}`")
         on_this_machine = host_mesh is None and job in (None, "local", "process")
         limit = local_process_limit()
         if on_this_machine and procs * hosts > limit and not force:
             raise ValueError(f"procs: {procs} x {hosts} host(s) = {procs * hosts} processes on this machine "
                              f"({os.cpu_count()} CPUs) is over the limit of {limit}; pass force=True "
                              "(%monarch up --force) to start them anyway, or set MONARCH_NB_MAX_LOCAL_PROCS")
+        with self._lock:
+            if name in self.meshes:
+                raise MonarchNbError(f"a mesh named {name!r} is already up; stop it with `%monarch down {name}` "
+                                     f"or replace it with `%monarch replace {name}`")
         from monarch.actor import this_host
 
         from . import jobs

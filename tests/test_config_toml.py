@@ -197,7 +197,7 @@ def test_help_documents_every_field_in_groups():
     for f in dataclasses.fields(RunConfig):
         assert f"{f.name}:" in RunConfig.__doc__, f"RunConfig's docstring does not document {f.name}"
     for group in ("Topology:", "SLURM:", "Warm spares:", "Model and train step", "Platform:", "torchft timing",
-                  "Checkpoints", "Controller"):
+                  "Durable checkpoints", "Controller"):
         assert group in text
 
 

@@ -63,7 +63,7 @@ def test_restart_policy_retries_at_once_then_backs_off_up_to_a_cap_then_gives_up
     p = RestartPolicy(max_restarts=5, backoff_s=1.0, backoff_factor=2.0, max_backoff_s=5.0)
     # the first attempt after the group trained is immediate; attempts in a row back off
     assert [p.wait_before(n) for n in range(1, 7)] == [0.0, 1.0, 2.0, 4.0, 5.0, 5.0]
-    assert [p.allows(a) for a in (1, 5, 6)] == [True, True, False]
+    assert [p.allows(n) for n in (1, 5, 6)] == [True, True, False]  # attempts in a row
     assert not RestartPolicy(max_restarts=0).allows(1)
 
 

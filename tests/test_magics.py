@@ -276,6 +276,7 @@ def test_train_config_reads_the_job_file_and_flags_override_it(shell, monkeypatc
     class RecordingRun:  # stands in for FTRun: records the config, starts nothing
         def __init__(self, config, session=None):
             self.config, self.run_id, self.run_dir, self.stopped = config, "recorded", Path("/nowhere"), False
+            self.resume_from = None
             made.append(self)
 
         def start(self):

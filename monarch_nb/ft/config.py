@@ -118,14 +118,17 @@ class RunConfig:
         expose: allow a local run to advertise a non-loopback address (other machines may
             then fetch its state); default False.
 
-    Checkpoints (recorded and validated; written by no one yet - a later change implements
-    checkpointing):
-        checkpoint_every: steps between checkpoints; None (default): no checkpoints.
-            torchtitan's ``[checkpoint] enable`` + ``interval``.
-        checkpoint_dir: where checkpoints go; None (default): inside the run directory.
+    Durable checkpoints and recovery mode (monarch_nb/ft/durable.py):
+        checkpoint_every: committed steps between durable checkpoints (torch DCP, written
+            asynchronously by one group); None (default): none. torchtitan's
+            ``[checkpoint] enable`` + ``interval``.
+        checkpoint_dir: where checkpoints go; None (default): ``<run_dir>/checkpoints``.
             torchtitan's ``[checkpoint] folder``.
-        checkpoint_keep: newest checkpoints kept, older ones deleted (default 3, at least 1).
+        checkpoint_keep: newest complete checkpoints kept, older ones deleted (default 3).
             torchtitan's ``[checkpoint] keep_latest_k``.
+        recovery: "peer" (default): a failed group heals from a live peer, the others train on;
+            "restart": the traditional way - on any failure every group stops and all restart
+            from the newest durable checkpoint (the baseline bench_goodput.py compares).
 
     Controller (the notebook kernel):
         poll_interval_s: how often each group's telemetry is drained (default 0.25 s).
@@ -183,6 +186,7 @@ class RunConfig:
     checkpoint_every: int | None = None  # steps between checkpoints; None: no checkpoints
     checkpoint_dir: str | None = None  # where checkpoints go; None: inside the run directory
     checkpoint_keep: int = 3  # newest checkpoints kept
+    recovery: str = "peer"  # "peer": heal from a live peer; "restart": every group restarts from disk
     # controller
     poll_interval_s: float = 0.25  # how often each group's telemetry is drained
     hang_timeout_s: float = 5.0  # a group that answers nothing for this long is hung
@@ -253,6 +257,8 @@ class RunConfig:
             raise ValueError(f"checkpoint_dir: must be a directory path (or None: inside the run directory), "
                              f"got {self.checkpoint_dir!r}")
         need_int("checkpoint_keep", 1)
+        if self.recovery not in ("peer", "restart"):
+            raise ValueError(f"recovery: unknown value {self.recovery!r}; allowed values: peer, restart")
         if not isinstance(self.restart, RestartPolicy):
             raise ValueError(f"restart: must be a RestartPolicy, got {type(self.restart).__name__}")
         self.restart.validate()

@@ -54,6 +54,8 @@ class Flavor:
 # Flavours defined by monarch_nb (torchtitan's own are built by torchtitan). Parameter counts
 # are exact (tests/test_config_toml.py builds each on the meta device).
 FLAVORS: dict[str, Flavor] = {
+    "debug4x": Flavor(dim=512, n_layers=8, n_heads=16,
+                      note="~4x debugmodel's parameters: state-size scaling in bench_scale_model.py"),
     "small": Flavor(dim=768, n_layers=16, n_heads=12, n_kv_heads=4,
                     note="~104M parameters: a laptop CPU (a few s/step) or any GPU"),
     "medium": Flavor(dim=1536, n_layers=16, n_heads=24, n_kv_heads=8,

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Iterable
 
-from ..telemetry.events import Event, Healed, Quorum, QuorumTimedOut, Rejoined, Step
+from ..telemetry.events import CheckpointFailed, CheckpointSaved, Event, Healed, Quorum, QuorumTimedOut, Rejoined, Step
 
 
 @dataclass(frozen=True)
@@ -79,6 +79,11 @@ class EventIngest:
                              bytes=sum(int(p["bytes"]) for p in parts.values()),
                              seconds=max(float(p["seconds"]) for p in parts.values()),
                              source_replica=first.get("source_replica"))
+        elif kind == "checkpoint_saved" and rank == 0:
+            yield CheckpointSaved(t=t, replica=replica, step=int(ev["step"]), bytes=int(ev["bytes"]),
+                                  seconds=float(ev["seconds"]), stall=float(ev["stall"]), path=str(ev["path"]))
+        elif kind == "checkpoint_failed" and rank == 0:
+            yield CheckpointFailed(t=t, replica=replica, step=int(ev["step"]), error=str(ev.get("error", "")))
         elif kind == "quorum_timeout" and rank == 0:
             yield QuorumTimedOut(t=t, replica=replica, error=str(ev.get("error", "")))
         elif kind == "hashes":

@@ -248,6 +248,8 @@ class RecoveryTracker:
         rec = next((r for r in reversed(self.recoveries) if r.replica == replica), None)
         if rec is None or rec.detected_by != "pid" or rec.detected_t is None or e.t - rec.detected_t > 60:
             return None
+        if "timeout waiting" in e.reason:  # Monarch noticing the processes we tore down: no explanation
+            return None
         rec.reason, rec.detected_by = e.reason, "pid, explained by supervision"
         return rec
 

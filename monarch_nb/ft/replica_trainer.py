@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .. import seam
+from .durable import tensor_bytes as _tensor_bytes
 from .platform import Platform, select_platform
 
 
@@ -50,18 +51,6 @@ def _local(t: Any) -> Any:
     """The local shard of a DTensor (FSDP), or the tensor itself."""
     to_local = getattr(t, "to_local", None)
     return to_local() if to_local is not None else t
-
-
-def _tensor_bytes(obj: Any) -> int:
-    import torch
-
-    if isinstance(obj, torch.Tensor):
-        return obj.numel() * obj.element_size()
-    if isinstance(obj, dict):
-        return sum(_tensor_bytes(v) for v in obj.values())
-    if isinstance(obj, (list, tuple)):
-        return sum(_tensor_bytes(v) for v in obj)
-    return 0
 
 
 def _hash_tensor(h: Any, t: Any) -> None:
@@ -150,6 +139,18 @@ class ReplicaTrainer:
         self._last_quorum_id: int | None = None
         self.host = host
         self.manager: Any = None
+        self.min_step = 0  # never train below this step without a heal or a checkpoint (see train_step)
+        self._waiting_for_peer = False
+        self._pending_load: str | None = None
+        self._loaded_step: int | None = None
+        self.durable = None
+        if cfg.get("checkpoint_every"):
+            from .durable import DurableCheckpointer
+
+            self.durable = DurableCheckpointer(str(cfg["checkpoint_dir"]), int(cfg["checkpoint_every"]),
+                                               int(cfg.get("checkpoint_keep", 3)), rank, group_size,
+                                               self._durable_state, self._durable_meta, emit,
+                                               getattr(self, "_ckpt_pg", None))
         if replica is not None:
             assert lighthouse is not None
             self.join(replica, lighthouse)
@@ -161,6 +162,8 @@ class ReplicaTrainer:
         t0 = time.time()
         self.replica, self.lighthouse = replica, lighthouse
         self.manager = self._build_manager(lighthouse, self.host)
+        if self._loaded_step is not None:  # a spare that loaded a checkpoint before it joined
+            self.manager.load_state_dict({"step": self._loaded_step, "batches_committed": 0})
         self.quorum_recorder = seam.record_quorums(self.manager)
         return time.time() - t0
 
@@ -221,6 +224,9 @@ class ReplicaTrainer:
                                     rank=self.rank, world_size=self.group_size,
                                     timeout=timedelta(seconds=float(self.cfg.get("pg_timeout_s", 10)) * 6))
         os.environ.setdefault("WORLD_SIZE", str(self.group_size))
+        # Durable checkpoints write from a background thread: their collectives get their own
+        # gloo group, never the one training is using at the same time.
+        self._ckpt_pg = dist.new_group(backend="gloo")
         parallelism = ParallelismConfig(data_parallel_shard_degree=self.group_size, spmd_backend="partial_dtensor")
         dims = ParallelDims.from_config(parallelism, self.group_size)
         dims.build_mesh()
@@ -378,6 +384,57 @@ class ReplicaTrainer:
         return {"model": model, "optim": optim_state, "param_groups": groups,
                 "lr_schedulers": self.lr_schedulers.state_dict()}
 
+    # ---- durable checkpoints (durable.py): the same state, for DCP ---------------------------
+
+    def _durable_state(self) -> dict[str, Any]:
+        """Tensors DCP saves and loads in place: parameters and optimizer state (DTensors stay
+        DTensors, so DCP writes each FSDP shard once)."""
+        model = {n: p.detach() for n, p in self.model.named_parameters()}
+        optim = {key: {k: v.detach() for k, v in opt.state.get(p, {}).items() if hasattr(v, "detach")}
+                 for key, p, opt in self._optim_items()}
+        return {"model": model, "optim": optim}
+
+    def _fingerprint(self) -> dict[str, Any]:
+        from .durable import fingerprint
+
+        return fingerprint(self.cfg, {n: tuple(p.shape) for n, p in self.model.named_parameters()})
+
+    def _durable_meta(self, step: int) -> dict[str, Any]:
+        groups = [[{k: v for k, v in g.items() if k != "params"} for g in opt.param_groups]
+                  for opt in self.optimizers.optimizers]
+        return {"step": step, "param_groups": groups, "lr_schedulers": self.lr_schedulers.state_dict(),
+                "fingerprint": self._fingerprint(), "run_id": self.cfg.get("run_id")}
+
+    def request_load(self, path: str) -> None:
+        """Load checkpoint ``path`` before the next step (the training thread applies it)."""
+        self._pending_load = path
+
+    def load_checkpoint(self, path: str) -> int:
+        """Replace this replica's state with a durable checkpoint's; returns its step."""
+        import torch
+
+        from .durable import META, load_into, mismatch
+
+        meta = torch.load(Path(path) / META, weights_only=False)
+        why = mismatch(meta.get("fingerprint", {}), self._fingerprint())
+        if why is not None:
+            raise ValueError(f"checkpoint {path} was written by a different model or config: {why}")
+        t = time.time()
+        load_into(path, self._durable_state(), getattr(self, "_ckpt_pg", None))
+        for opt, groups in zip(self.optimizers.optimizers, meta["param_groups"]):
+            for mine, theirs in zip(opt.param_groups, groups):
+                mine.update(theirs)
+        self.lr_schedulers.load_state_dict(meta["lr_schedulers"])
+        step = int(meta["step"])
+        self._loaded_step = step
+        self.min_step = min(self.min_step, step)  # a checkpoint is as good a source as a peer
+        if self.manager is not None:
+            self.manager.load_state_dict({"step": step, "batches_committed": 0})
+        self._retry = None
+        self.emit({"kind": "checkpoint_loaded", "replica": self.replica, "rank": self.rank, "step": step,
+                   "path": str(path), "seconds": time.time() - t, "t": time.time()})
+        return step
+
     def _load_state_dict(self, state: dict[str, Any]) -> None:
         import torch
 
@@ -428,6 +485,9 @@ class ReplicaTrainer:
         import torch
 
         t0 = time.time()
+        if self._pending_load is not None:
+            path, self._pending_load = self._pending_load, None
+            self.load_checkpoint(path)
         try:
             self.manager.start_quorum()
         except TimeoutError as exc:
@@ -461,6 +521,17 @@ class ReplicaTrainer:
                        "step": self.manager.current_step(), "bytes": info["bytes"],
                        "seconds": recv.get("seconds", 0.0) + info["apply_seconds"],
                        "source_replica": src, "t": time.time()})
+        if self.manager.current_step() < self.min_step:
+            # The run had reached min_step, and this replica is behind it with nobody to heal
+            # from (every group was lost): it must not train on from its initial weights. It
+            # waits - the controller loads a durable checkpoint, or a peer comes back.
+            if not self._waiting_for_peer:
+                self._waiting_for_peer = True
+                self.emit({"kind": "waiting_for_peer", "replica": self.replica, "rank": self.rank,
+                           "step": self.manager.current_step(), "min_step": self.min_step, "t": time.time()})
+            time.sleep(0.5)  # ask for a quorum twice a second, not in a tight loop
+            return {"kind": "waiting_for_peer", "step": self.manager.current_step(), "committed": False}
+        self._waiting_for_peer = False
         step = self.manager.current_step() + 1
         # A step whose gradient average failed (a peer died in it) is retried with the gradients
         # already computed: data is a pure function of the step, and the parameters have not
@@ -501,6 +572,8 @@ class ReplicaTrainer:
         if committed:
             self.optimizers.step()
             self.lr_schedulers.step()
+            if self.durable is not None:
+                self.durable.after_commit(step, saver=self._is_saver(q))
         elif not self._comms_dead:
             self._retry = retry
         t1 = time.time()
@@ -510,6 +583,13 @@ class ReplicaTrainer:
                "quorum_id": self._last_quorum_id, "participants": participants, "t": t1}
         self.emit(rec)
         return rec
+
+    def _is_saver(self, q: Any) -> bool:
+        """The lowest-numbered group of the quorum saves durable checkpoints: every group knows
+        the quorum, so exactly one of them saves without anyone telling it."""
+        members = [_replica_index(r) for r in q.replica_ids] if q is not None else []
+        members = [m for m in members if m is not None]
+        return not members or self.replica == min(members)
 
     def comms_broken(self) -> bool:
         """True once our cross-replica communicator was declared dead (the ``comms`` fault)."""
@@ -527,6 +607,11 @@ class ReplicaTrainer:
             pass
 
     def shutdown(self) -> None:
+        if self.durable is not None:
+            try:
+                self.durable.close()
+            except Exception:
+                pass
         if self.manager is None:
             return
         try:

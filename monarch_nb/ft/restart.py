@@ -5,9 +5,10 @@ bring a group back. The first attempt after a group trained is immediate - a rec
 not wait for nothing - and each further attempt in a row (the respawn itself failed, or the
 group failed again before it rejoined) waits longer: ``backoff_s`` times ``backoff_factor``
 per attempt, capped at ``max_backoff_s``, so a cause that does not go away (a lost
-Lighthouse, a full node) never turns into a tight loop. After ``max_restarts`` attempts over
-the whole run the policy gives up on the group: the run records ``gave_up`` and carries on
-with the others.
+Lighthouse, a full node) never turns into a tight loop. After ``max_restarts`` attempts in a
+row without the group training in between, the policy gives up on it: the run records
+``gave_up`` and carries on with the others. A group that trains again starts afresh, so a long
+run survives any number of failures spread over time (failures are routine at scale).
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class RestartPolicy:
     """Args:
-        max_restarts: attempts to bring one group back, over the whole run (0: never).
+        max_restarts: attempts in a row to bring one group back without it training in
+            between (0: never bring it back).
         backoff_s: wait before the second attempt in a row, in seconds.
         backoff_factor: each further attempt in a row waits this many times longer.
         max_backoff_s: the longest wait between attempts, in seconds.
@@ -40,9 +42,9 @@ class RestartPolicy:
             raise ValueError(
                 f"restart.max_backoff_s: must be >= backoff_s ({self.backoff_s}), got {self.max_backoff_s!r}")
 
-    def allows(self, attempt: int) -> bool:
-        """May the group be brought back an ``attempt``-th time (1-based, over the run)?"""
-        return attempt <= self.max_restarts
+    def allows(self, in_a_row: int) -> bool:
+        """May the group be brought back an ``in_a_row``-th time since it last trained?"""
+        return in_a_row <= self.max_restarts
 
     def wait_before(self, in_a_row: int) -> float:
         """Seconds to wait before the ``in_a_row``-th consecutive attempt (1: none)."""

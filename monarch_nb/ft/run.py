@@ -18,6 +18,7 @@ run), :mod:`.groups` (the shared group table and its lock), :mod:`.recovery` and
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import threading
 import time
 import uuid
@@ -32,12 +33,14 @@ from ..telemetry.events import (
     LighthouseFailed,
     LighthouseRestarted,
     ReplicasIdentical,
+    Resumed,
     RunStarted,
     RunStopped,
     Scaled,
     Step,
 )
 from .config import MAX_GROUPS, RunConfig
+from .durable import META, CheckpointInfo, latest_complete, list_checkpoints
 from .faults import Fault, FaultKind, FaultSchedule, record_firing
 from .groups import GAVE_UP, RETIRED, STARTING, STOPPED, TRAINING, GroupTable, ReplicaGroup
 from .history import RunHistory
@@ -77,7 +80,7 @@ class FTRun:
     """
 
     def __init__(self, config: RunConfig | None = None, *, session: Any = None,
-                 host_mesh_for: Callable[[int], Any] | None = None, **overrides: Any) -> None:
+                 host_mesh_for: Callable[[int], Any] | None = None, _resume: Any = None, **overrides: Any) -> None:
         cfg = config or RunConfig()
         if overrides:
             cfg = cfg.replace(**overrides)
@@ -85,11 +88,21 @@ class FTRun:
         self.placement = placement_for(self.config, host_mesh_for)
         if cfg.spares:
             self.placement.spare_kwargs()  # refuses a placement that cannot hold spares, before anything starts
-        self.run_id = cfg.run_name or time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
-        self.run_dir = runs_root(cfg.runs_root) / self.run_id
-        if (self.run_dir / "events.jsonl").exists():
-            raise ValueError(f"run_name: {self.run_id!r} already exists under {self.run_dir.parent}; pick another")
-        self.events = EventStore(self.run_dir / "events.jsonl")
+        self.resume_from: CheckpointInfo | None = None
+        if _resume is not None:  # FTRun.resume: the same run, its log continued
+            self.run_dir, self.resume_from = _resume
+            self.run_id = self.run_dir.name
+            self.events = EventStore.open(self.run_dir / "events.jsonl", follow=True)
+        else:
+            self.run_id = cfg.run_name or time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
+            self.run_dir = runs_root(cfg.runs_root) / self.run_id
+            if (self.run_dir / "events.jsonl").exists():
+                raise ValueError(f"run_name: {self.run_id!r} already exists under {self.run_dir.parent}; pick another")
+        self.checkpoint_dir = Path(cfg.checkpoint_dir).resolve() if cfg.checkpoint_dir else self.run_dir / "checkpoints"
+        if cfg.checkpoint_every:
+            _check_writable(self.checkpoint_dir)  # before anything starts
+        if _resume is None:
+            self.events = EventStore(self.run_dir / "events.jsonl")
         self.fault_log = str(self.run_dir / "faults.jsonl")
         self._session = session
         self._own_session = session is None
@@ -122,6 +135,38 @@ class FTRun:
         """Every process this run started (workers and job hosts): none may outlive ``stop()``."""
         workers = self.supervisor.spawned_pids if self.supervisor else []
         return list(workers) + self.placement.extra_pids()
+
+    @classmethod
+    def resume(cls, run_dir: str | Path, *, session: Any = None, **overrides: Any) -> "FTRun":
+        """Continue a run whose groups, Lighthouse or kernel were all lost, from its newest
+        complete durable checkpoint: the same run id, the same ``events.jsonl`` (a ``resumed``
+        event says from which step), the step counter and data position carried on. Call
+        ``start()`` on the result. ``overrides`` change config fields (not the model)."""
+        run_dir = Path(run_dir).resolve()
+        log = run_dir / "events.jsonl"
+        if not log.is_file():
+            raise ValueError(f"resume: {run_dir} is not a run directory (no events.jsonl); pass the directory "
+                             "a run wrote (run.run_dir)")
+        started = EventStore.open(log).events(RunStarted)
+        if not started:
+            raise ValueError(f"resume: {log} records no run_started; it is not a fault-tolerant run's log")
+        fields = {f.name for f in dataclasses.fields(RunConfig)}
+        saved = {k: v for k, v in started[-1].config.items() if k in fields}  # type: ignore[attr-defined]
+        saved.update(overrides)
+        cfg = RunConfig.from_dict(saved)
+        root = Path(cfg.checkpoint_dir).resolve() if cfg.checkpoint_dir else run_dir / "checkpoints"
+        checkpoint = latest_complete(root)
+        if checkpoint is None:
+            incomplete = len(list_checkpoints(root))
+            extra = f" ({incomplete} incomplete: interrupted mid-write)" if incomplete else ""
+            raise ValueError(f"resume: no complete checkpoint under {root}{extra}; a run writes them with "
+                             "RunConfig(checkpoint_every=K)")
+        meta = _read_meta(checkpoint)
+        for key in ("model", "group_size"):
+            if meta.get("fingerprint", {}).get(key) != getattr(cfg, key):
+                raise ValueError(f"resume: the checkpoint of step {checkpoint.step} was written with {key}="
+                                 f"{meta.get('fingerprint', {}).get(key)!r}, this config has {key}={getattr(cfg, key)!r}")
+        return cls(cfg, session=session, _resume=(run_dir, checkpoint))
 
     def history(self) -> RunHistory:
         return RunHistory(self.events, self.run_dir)
@@ -182,6 +227,9 @@ class FTRun:
 
         self.data_dir = str(Path(cfg.data_dir) if cfg.data_dir else ensure_tinydata())
         self.events.append(RunStarted(run_id=self.run_id, config={**cfg.to_dict(), "run_dir": str(self.run_dir)}))
+        if self.resume_from is not None:
+            self.events.append(Resumed(step=self.resume_from.step, checkpoint=str(self.resume_from.path),
+                                       reason="FTRun.resume"))
         try:
             if self._session is None:
                 from ..session import Session
@@ -196,6 +244,8 @@ class FTRun:
                                                EventIngest(cfg.group_size), self.identity, self.events.append,
                                                self.faults.fired_time, self._trainer_args,
                                                lambda: self.lighthouse.address)
+            if cfg.checkpoint_every or cfg.recovery == "restart":
+                sup.checkpoint_dir = str(self.checkpoint_dir)
             self._unsubscribe = self._session.on_failure(sup.on_worker_failed)
             for g in self.groups:
                 sup.set_state(g, STARTING)
@@ -203,8 +253,9 @@ class FTRun:
             deadline = time.monotonic() + (timeout or cfg.init_timeout_s)
             for g in self.groups:
                 sup.wait_ready(g, deadline)
+            resume = str(self.resume_from.path) if self.resume_from is not None else None
             for g in self.groups:
-                sup.start_training(g)
+                sup.start_training(g, resume_from=resume)
                 sup.set_state(g, TRAINING)
         except BaseException:
             self.stop(reason="failed to start")
@@ -219,7 +270,8 @@ class FTRun:
         """TrainerActor's arguments for group ``g``, or for a warm spare (``g`` None: no replica
         and no Lighthouse until it is activated)."""
         assert self.lighthouse is not None and self.lighthouse.address
-        worker_cfg = {**self.config.to_dict(), "restart": None,
+        worker_cfg = {**self.config.to_dict(), "restart": None, "run_id": self.run_id,
+                      "checkpoint_dir": str(self.checkpoint_dir),
                       "advertise_host": self.config.advertise_host or self.placement.advertise_host}
         if g is None:
             return (worker_cfg, None, None, store_port, self.data_dir, self.fault_log, 0)
@@ -375,6 +427,24 @@ class FTRun:
     def __repr__(self) -> str:
         states = ", ".join(f"{g.name}={g.state}@{g.step}" for g in self.groups)
         return f"FTRun({self.run_id}: {states})"
+
+
+def _check_writable(path: Path) -> None:
+    """Checkpoints must be writable before the run starts, not discovered at the first save."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / f".write-test-{uuid.uuid4().hex[:8]}"
+        probe.write_text("ok")
+        probe.unlink()
+    except OSError as exc:
+        raise ValueError(f"checkpoint_dir: {path} is not writable ({exc.strerror or exc}); "
+                         "pick a directory you can write") from None
+
+
+def _read_meta(checkpoint: CheckpointInfo) -> dict[str, Any]:
+    import torch
+
+    return torch.load(checkpoint.path / META, weights_only=False)
 
 
 def open_run(path: str | Path) -> RunHistory:

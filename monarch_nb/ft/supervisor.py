@@ -20,7 +20,19 @@ import time
 from typing import Any, Callable
 
 from ..meshes import exit_status, pid_alive
-from ..telemetry.events import Acquired, Event, FailureDetected, GaveUp, ReplicaState, Respawned, TornDown
+from ..telemetry.events import (
+    Acquired,
+    AllGroupsLost,
+    Event,
+    FailureDetected,
+    GaveUp,
+    ReplicaState,
+    RestartedFromCheckpoint,
+    Respawned,
+    Resumed,
+    TornDown,
+)
+from .durable import latest_complete
 from .config import RunConfig
 from .groups import (
     FAILED,
@@ -67,7 +79,13 @@ class Supervisor:
         ``lighthouse()`` is the Lighthouse's address now."""
         self.config, self.session, self.groups, self.placement = config, session, groups, placement
         self.ingest, self.identity, self._emit = ingest, identity, emit
+        self.run_events: Any = getattr(emit, "__self__", None)  # the run's EventStore (emit is its append)
         self._fired_time, self._trainer_args, self._lighthouse = fired_time, trainer_args, lighthouse
+        self.checkpoint_dir: str | None = None  # set by the run when durable checkpoints are on
+        self._lost_lock = threading.Lock()
+        self._lost_episode = False  # reset once a group trains again
+        self._restart_lock = threading.Lock()
+        self._restarting = threading.Event()
         self.spares: SparePool | None = None
         if config.spares:
             self.spares = SparePool(config.spares, self.build_spare, self.teardown_spare, emit)
@@ -159,8 +177,14 @@ class Supervisor:
     def call(self, g: ReplicaGroup, endpoint: str, *args: Any, timeout: float = 10.0) -> Any:
         return getattr(self.session.deadline(g.actors, timeout), endpoint).call(*args)
 
-    def start_training(self, g: ReplicaGroup) -> None:
-        self.call(g, "start", timeout=30.0)
+    def start_training(self, g: ReplicaGroup, min_step: int = 0, resume_from: str | None = None) -> None:
+        """Start ``g``'s training loop. ``min_step``: it may not train below the run's progress
+        without a heal or a checkpoint; ``resume_from``: a durable checkpoint to load first."""
+        self.call(g, "start", min_step, resume_from, timeout=120.0 if resume_from else 30.0)
+
+    def progress(self) -> int:
+        """The run's last committed step, as far as the groups reported it."""
+        return max((g.step for g in self.groups), default=0)
 
     # ---- telemetry ---------------------------------------------------------------------
 
@@ -174,6 +198,7 @@ class Supervisor:
                 self._emit(item)
                 if item.kind == "rejoined":
                     g.in_a_row = 0
+                    self._lost_episode = False
                     self.set_state(g, TRAINING)
                     if self.config.check_identical:
                         threading.Thread(target=self.request_identity, name="ft-hash-check", daemon=True).start()
@@ -216,7 +241,7 @@ class Supervisor:
         if getattr(event, "late", False) or not self.groups.signal_failure(g, failure):
             # Monarch's account of a failure we already act on: how the process died. The run's
             # history takes it as the explanation of that recovery.
-            if self.session.events is not self.events:
+            if self.session.events is not self.run_events:
                 self._emit(event)
 
     def _watch_group(self, g: ReplicaGroup) -> None:
@@ -225,6 +250,8 @@ class Supervisor:
             g.wake.clear()
             if self.stopping.is_set() or getattr(self.session, "_closed", False) or g.state in TERMINAL:
                 return
+            if self._restarting.is_set():  # every group is being restarted from disk by one thread
+                continue
             try:
                 failure = self.check(g)
                 if failure is not None and not self.stopping.is_set() and g.state not in TERMINAL:
@@ -265,6 +292,8 @@ class Supervisor:
         for rank, value in sorted(result.values.items()):
             if value.get("state") == "failed":
                 return Failure(value.get("failure") or "trainer reported failure", rank, time.time(), "trainer")
+        if any(v.get("state") == "waiting_for_peer" for v in result.values.values()):
+            self._no_peer_left()
         if not result.missing:
             g.last_answer = now
             if all(v.get("state") == "finished" for v in result.values.values()):
@@ -286,7 +315,81 @@ class Supervisor:
             log.debug("tearing down %s: %s", g.name, exc)
         self._emit(TornDown(replica=g.index, seconds=time.monotonic() - t0))
 
+    # ---- no live peer left -------------------------------------------------------------
+
+    def _no_peer_left(self) -> None:
+        """Some group waits for a peer to heal from (it is behind the run's progress) and no group
+        trains: every group was lost. Resume from the newest complete durable checkpoint, or say
+        that the state is lost and leave the groups waiting (they never train on from scratch)."""
+        with self._lost_lock:
+            if any(g.state == TRAINING for g in self.groups) or self._lost_episode:
+                return
+            self._lost_episode = True
+        checkpoint = latest_complete(self.checkpoint_dir) if self.checkpoint_dir else None
+        step = self.progress()
+        if checkpoint is None:
+            self._emit(AllGroupsLost(step=step, checkpoint=None,
+                                     detail=f"no live peer and no durable checkpoint: the model state of step {step} "
+                                            "is lost; the groups wait (set checkpoint_every to survive this)"))
+            return
+        self._emit(AllGroupsLost(step=step, checkpoint=str(checkpoint.path),
+                                 detail=f"no live peer: resuming from the checkpoint of step {checkpoint.step}"))
+        for g in self.groups.active():
+            try:
+                self.call(g, "load_checkpoint", str(checkpoint.path), timeout=60.0)
+            except Exception as exc:
+                log.warning("loading %s into %s: %s", checkpoint.path, g.name, exc)
+        self._emit(Resumed(step=checkpoint.step, checkpoint=str(checkpoint.path), reason="all groups lost"))
+
+    # ---- restart mode (the traditional way) ----------------------------------------------
+
+    def restart_all(self, g: ReplicaGroup, failure: Failure) -> None:
+        """recovery="restart": a failure stops every group and all restart from the newest
+        durable checkpoint (from the start when there is none). One thread does it; failures
+        the restart itself causes in the other groups are not recoveries of their own."""
+        if not self._restart_lock.acquire(blocking=False):
+            return
+        try:
+            self._restarting.set()
+            fired = self._fired_time(g.index)
+            self._emit(FailureDetected(t=failure.t, replica=g.index, rank=failure.rank, reason=failure.reason,
+                                       detection_s=(failure.t - fired) if fired else None, source=failure.source))
+            groups = self.groups.active()
+            last = self.progress()
+            for h in groups:
+                self.set_state(h, FAILED if h is g else RESPAWNING, failure.reason[:200] if h is g else "restart")
+            t0 = time.monotonic()
+            self.session.down_many([h.name for h in groups], kill=True)
+            self._emit(TornDown(replica=g.index, seconds=time.monotonic() - t0))
+            checkpoint = latest_complete(self.checkpoint_dir) if self.checkpoint_dir else None
+            start = time.time()
+            for h in groups:
+                h.attempts += 1
+                self.set_state(h, RESPAWNING, f"restart from {'step ' + str(checkpoint.step) if checkpoint else 'scratch'}")
+                acquired_s = self.spawn(h)
+                if h is g:
+                    self._emit(Acquired(t=start + acquired_s, replica=h.index, how="spawn", seconds=acquired_s))
+            for h in groups:
+                self.wait_ready(h, time.monotonic() + self.config.init_timeout_s)
+            for h in groups:
+                self.ingest.expect_rejoin(h.index, (fired or failure.t) if h is g else time.time())
+                self.start_training(h, resume_from=str(checkpoint.path) if checkpoint else None)
+                self.set_state(h, HEALING, "loading the checkpoint" if checkpoint else "from scratch")
+                h.last_answer = time.monotonic()
+            self._emit(Respawned(replica=g.index, attempt=g.attempts, seconds=time.time() - start))
+            self._emit(RestartedFromCheckpoint(step=checkpoint.step if checkpoint else 0,
+                                               checkpoint=str(checkpoint.path) if checkpoint else None,
+                                               lost_steps=max(0, last - (checkpoint.step if checkpoint else 0)),
+                                               seconds=time.time() - start))
+        finally:
+            self._restarting.clear()
+            self._restart_lock.release()
+
     def recover(self, g: ReplicaGroup, failure: Failure) -> None:
+        if self.config.recovery == "restart":
+            if not self._restarting.is_set():
+                self.restart_all(g, failure)
+            return
         fired = self._fired_time(g.index)
         self.ingest.expect_rejoin(g.index, fired or failure.t)
         self._emit(FailureDetected(t=failure.t, replica=g.index, rank=failure.rank, reason=failure.reason,
@@ -296,9 +399,9 @@ class Supervisor:
         while not self.stopping.is_set() and not getattr(self.session, "_closed", False):
             self.teardown(g)
             attempt = g.attempts + 1
-            if not policy.allows(attempt):
-                self._emit(GaveUp(replica=g.index, attempts=g.attempts))
-                self.set_state(g, GAVE_UP, f"after {g.attempts} restarts")
+            if not policy.allows(g.in_a_row + 1):
+                self._emit(GaveUp(replica=g.index, attempts=g.in_a_row))
+                self.set_state(g, GAVE_UP, f"after {g.in_a_row} attempts in a row")
                 return
             g.in_a_row += 1  # reset when the group rejoins: a cause that persists backs off
             delay = policy.wait_before(g.in_a_row)
@@ -313,7 +416,7 @@ class Supervisor:
                 self.acquire(g, t0)
                 if self.stopping.is_set():
                     return
-                self.start_training(g)
+                self.start_training(g, min_step=self.progress())
             except Exception as e:  # the respawn itself failed: counts as an attempt, try again
                 if self.stopping.is_set():
                     return
@@ -347,7 +450,7 @@ class Supervisor:
         self.set_state(g, STARTING, "scale up")
         self.acquire(g, time.time())
         self.ingest.expect_rejoin(g.index, time.time())
-        self.start_training(g)
+        self.start_training(g, min_step=self.progress())
         self.set_state(g, HEALING)
         g.last_answer = time.monotonic()
         self.watch([g])

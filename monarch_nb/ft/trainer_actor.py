@@ -111,6 +111,7 @@ class TrainerActor(Actor):
                     self._state = "finished"
                     break
                 rec = self.trainer.train_step(self._fault_point)
+                self._state = "waiting_for_peer" if rec.get("kind") == "waiting_for_peer" else "training"
                 if rec["committed"]:
                     with self._lock:
                         want = rec["step"] in self._hash_steps
@@ -148,6 +149,15 @@ class TrainerActor(Actor):
         return seconds
 
     @endpoint
+    def load_checkpoint(self, path: str) -> bool:
+        """Load a durable checkpoint before the next step (the training thread applies it)."""
+        if self._thread is None:
+            self.trainer.load_checkpoint(path)
+        else:
+            self.trainer.request_load(path)
+        return True
+
+    @endpoint
     def listening(self) -> dict[str, int | None]:
         """Ports this rank's torchft parts listen on (for the socket audit)."""
         return self.trainer.listening()
@@ -159,7 +169,12 @@ class TrainerActor(Actor):
         return True
 
     @endpoint
-    def start(self) -> bool:
+    def start(self, min_step: int = 0, resume_from: str | None = None) -> bool:
+        """Start training. ``min_step``: the run's progress - below it this replica trains only
+        after a heal or a checkpoint. ``resume_from``: a durable checkpoint to load first."""
+        self.trainer.min_step = min_step
+        if resume_from is not None:
+            self.trainer.load_checkpoint(resume_from)
         if self._thread is None:
             self._thread = threading.Thread(target=self._loop, name=f"train-r{self.replica}", daemon=True)
             self._thread.start()

@@ -52,6 +52,13 @@ def add_training_commands(sub: Any) -> None:
     train.add_argument("--platform", default=None, choices=["auto", "cpu", "cuda", "rocm"])
     train.add_argument("--max-restarts", type=int, default=None)
     train.add_argument("--name", default=None, help="run name (default: a timestamp)")
+    train.add_argument("--checkpoint-every", type=positive_int, default=None, metavar="K",
+                       help="a durable checkpoint (torch DCP, asynchronous) every K committed steps")
+    train.add_argument("--checkpoint-dir", default=None, help="where checkpoints go (default: in the run directory)")
+    train.add_argument("--recovery", default=None, choices=["peer", "restart"],
+                       help="peer (default): heal from a live peer; restart: every group restarts from disk")
+    train.add_argument("--resume", default=None, metavar="RUN_DIR",
+                       help="continue a run from its newest durable checkpoint (same run id and event log)")
     train.add_argument("--no-wait", action="store_true", help="return before the first step is committed")
 
     inject = sub.add_parser("inject", help="inject a fault into one replica group (run.inject)")
@@ -125,8 +132,18 @@ class TrainingCommands:
         fields = {"replicas": args.replicas, "group_size": args.group_size, "steps": args.steps,
                   "seq_len": args.seq_len, "batch_size": args.batch_size, "lr": args.lr, "model": args.model,
                   "job": "slurm" if args.slurm else args.job, "platform": args.platform, "run_name": args.name,
-                  "partition": args.partition, "time_limit": args.time_limit, "spares": args.spares}
+                  "partition": args.partition, "time_limit": args.time_limit, "spares": args.spares,
+                  "checkpoint_every": args.checkpoint_every, "checkpoint_dir": args.checkpoint_dir,
+                  "recovery": args.recovery}
         overrides = {k: v for k, v in fields.items() if v is not None}
+        if args.resume:
+            if args.config:
+                raise UsageError("--resume continues a run with its own config; drop --config")
+            try:
+                run = FTRun.resume(args.resume, session=session, **overrides)
+            except (ValueError, TypeError) as exc:
+                raise UsageError(str(exc)) from None
+            return self._started(run, args, shell, f" resumed from step {run.resume_from.step}")
         try:
             config = RunConfig.from_toml(args.config, **overrides) if args.config else RunConfig(**overrides)
             if args.max_restarts is not None:
@@ -135,15 +152,22 @@ class TrainingCommands:
             config = config.validate()
         except (ValueError, TypeError) as exc:
             raise UsageError(str(exc)) from None
-        run = FTRun(config, session=session)
+        try:
+            run = FTRun(config, session=session)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+        return self._started(run, args, shell, f" from {args.config}" if args.config else "")
+
+    def _started(self, run: Any, args: argparse.Namespace, shell: Any, how: str) -> Any:
+        config = run.config
         self.run = run
         run.start()
         if not args.no_wait:
-            run.wait_for_step(1, timeout=config.init_timeout_s)
+            first = run.resume_from.step + 1 if run.resume_from is not None else 1
+            run.wait_for_step(first, timeout=config.init_timeout_s)
         if shell is not None:
             shell.user_ns["run"] = run
-        source = f" from {args.config}" if args.config else ""
-        print(f"run {run.run_id}{source}: {config.replicas} replica groups x {config.group_size} "
+        print(f"run {run.run_id}{how}: {config.replicas} replica groups x {config.group_size} "
               f"process(es); events in {run.run_dir / 'events.jsonl'}; the run is `run` in this notebook")
         return run
 

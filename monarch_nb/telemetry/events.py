@@ -122,6 +122,62 @@ class ReplicaState(Event):
 
 
 @dataclass(frozen=True, kw_only=True)
+class CheckpointSaved(Event):
+    """A durable checkpoint is complete on disk. ``stall`` is what the training step lost to it
+    (staging a copy); ``seconds`` the whole write, off the critical path."""
+
+    kind: ClassVar[str] = "checkpoint_saved"
+    replica: int
+    step: int
+    bytes: int
+    seconds: float
+    stall: float
+    path: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class CheckpointFailed(Event):
+    """A durable checkpoint could not be written (full disk...); training went on."""
+
+    kind: ClassVar[str] = "checkpoint_failed"
+    replica: int
+    step: int
+    error: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class AllGroupsLost(Event):
+    """No group holds the run's state any more (every group failed): ``checkpoint`` is what the
+    run resumes from, or None when there is none (the groups then wait)."""
+
+    kind: ClassVar[str] = "all_groups_lost"
+    step: int
+    checkpoint: str | None
+    detail: str = ""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Resumed(Event):
+    """The run continues from a durable checkpoint (after losing every group, or FTRun.resume)."""
+
+    kind: ClassVar[str] = "resumed"
+    step: int
+    checkpoint: str
+    reason: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class RestartedFromCheckpoint(Event):
+    """recovery="restart": after a failure every group was stopped and restarted from disk."""
+
+    kind: ClassVar[str] = "restarted_from_checkpoint"
+    step: int  # the checkpoint's step (0: none, from the start)
+    checkpoint: str | None
+    lost_steps: int  # committed steps redone: the run's last step minus the checkpoint's
+    seconds: float
+
+
+@dataclass(frozen=True, kw_only=True)
 class QuorumTimedOut(Event):
     """A group waited ``quorum_timeout_s`` for a quorum and asks again (Lighthouse lost, or too
     few groups alive for ``min_replicas``)."""

@@ -1,0 +1,187 @@
+"""Durable checkpoints: the state a heal moves, written to disk off the critical path.
+
+Peer recovery needs a live peer. When there is none - every group lost at once, the
+Lighthouse and the kernel gone - a run continues from a durable checkpoint. One group saves
+(the lowest-numbered group in the current quorum: every group knows the quorum, so they agree
+without being told), every ``checkpoint_every`` committed steps, with torch's distributed
+checkpoint (DCP) ``async_save``: the training thread only stages a copy (the step's stall),
+and a background thread writes it. The saved state is exactly what a heal moves: parameters,
+optimizer state, optimizer hyper-parameters, LR schedule, and the step (data is a function of
+the step, so the data position comes with it).
+
+Layout: ``<checkpoint_dir>/step-0000120/`` holds DCP's files, ``meta.pt`` (step, hyper-
+parameters, schedule, and a fingerprint of the model and config) and, written last,
+``COMPLETE``. A directory without ``COMPLETE`` (a save interrupted mid-write) is never loaded.
+The newest ``checkpoint_keep`` complete checkpoints are kept.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+COMPLETE = "COMPLETE"
+META = "meta.pt"
+
+
+@dataclass(frozen=True)
+class CheckpointInfo:
+    path: Path
+    step: int
+
+    @property
+    def complete(self) -> bool:
+        return (self.path / COMPLETE).exists()
+
+
+def tensor_bytes(obj: Any) -> int:
+    """Bytes of every tensor in a nested dict/list: what a heal or a checkpoint moves."""
+    import torch
+
+    if isinstance(obj, torch.Tensor):
+        local = obj.to_local() if hasattr(obj, "to_local") else obj
+        return local.numel() * local.element_size()
+    if isinstance(obj, dict):
+        return sum(tensor_bytes(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(tensor_bytes(v) for v in obj)
+    return 0
+
+
+def step_dir(root: str | Path, step: int) -> Path:
+    return Path(root) / f"step-{step:07d}"
+
+
+def list_checkpoints(root: str | Path) -> list[CheckpointInfo]:
+    """Every checkpoint directory under ``root``, oldest first (complete or not)."""
+    out = []
+    for child in sorted(Path(root).glob("step-*")) if Path(root).is_dir() else []:
+        try:
+            out.append(CheckpointInfo(child, int(child.name.split("-", 1)[1])))
+        except ValueError:
+            continue
+    return sorted(out, key=lambda c: c.step)
+
+
+def latest_complete(root: str | Path) -> CheckpointInfo | None:
+    """The newest checkpoint whose write finished; ones interrupted mid-write are skipped."""
+    return next((c for c in reversed(list_checkpoints(root)) if c.complete), None)
+
+
+def fingerprint(cfg: dict[str, Any], shapes: dict[str, tuple[int, ...]]) -> dict[str, Any]:
+    """What must match for a checkpoint to load: the model and how it is split."""
+    digest = hashlib.blake2b(json.dumps(sorted(shapes.items())).encode(), digest_size=8).hexdigest()
+    return {"model": cfg.get("model"), "group_size": cfg.get("group_size"), "parameters": len(shapes),
+            "shapes": digest}
+
+
+def mismatch(saved: dict[str, Any], ours: dict[str, Any]) -> str | None:
+    """A sentence naming what differs between a checkpoint's fingerprint and ours, or None."""
+    for key in ("model", "group_size", "parameters", "shapes"):
+        if saved.get(key) != ours.get(key):
+            what = "parameter shapes" if key == "shapes" else key
+            return f"{what}: the checkpoint has {saved.get(key)!r}, this run has {ours.get(key)!r}"
+    return None
+
+
+class DurableCheckpointer:
+    """Worker side: saves the replica's state every ``every`` steps when this group is the saver."""
+
+    def __init__(self, root: str, every: int, keep: int, rank: int, group_size: int,
+                 state: Callable[[], dict[str, Any]], meta: Callable[[int], dict[str, Any]],
+                 emit: Callable[[dict[str, Any]], None], process_group: Any = None) -> None:
+        self.root, self.every, self.keep = Path(root), every, keep
+        self.rank, self.group_size = rank, group_size
+        self._state, self._meta, self._emit, self._pg = state, meta, emit, process_group
+        self._pending: tuple[int, Future, float, float, int] | None = None
+
+    def after_commit(self, step: int, saver: bool) -> None:
+        """Called after every committed step: finish a save that is done, start one when due."""
+        self._finish_if_done()
+        if not saver or step % self.every:
+            return
+        if self._pending is not None:  # the previous save is still writing: skip this one
+            self._emit({"kind": "checkpoint_failed", "step": step, "rank": self.rank, "t": time.time(),
+                        "error": f"skipped: the save of step {self._pending[0]} is still writing"})
+            return
+        import torch.distributed as dist
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint import FileSystemWriter
+
+        path = step_dir(self.root, step)
+        t0 = time.time()
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+            state = self._state()
+            future = dcp.async_save(state, storage_writer=FileSystemWriter(str(path)),
+                                    process_group=self._pg, no_dist=not dist.is_initialized())
+        except Exception as exc:  # an unwritable or full disk: the run goes on, the failure is recorded
+            self._emit({"kind": "checkpoint_failed", "step": step, "rank": self.rank, "t": time.time(),
+                        "error": f"{type(exc).__name__}: {exc}"[:300]})
+            return
+        stall = time.time() - t0
+        self._pending = (step, future, t0, stall, tensor_bytes(state))
+
+    def _finish_if_done(self, wait: bool = False) -> None:
+        if self._pending is None:
+            return
+        step, future, t0, stall, nbytes = self._pending
+        if not wait and not future.done():
+            return
+        self._pending = None
+        path = step_dir(self.root, step)
+        try:
+            future.result()
+            if self.rank == 0:
+                import torch
+
+                torch.save(self._meta(step), path / META)
+                _fsync_dir(path)
+                (path / COMPLETE).write_text(json.dumps({"step": step, "t": time.time()}))
+                self._prune()
+        except Exception as exc:
+            self._emit({"kind": "checkpoint_failed", "step": step, "rank": self.rank, "t": time.time(),
+                        "error": f"{type(exc).__name__}: {exc}"[:300]})
+            return
+        self._emit({"kind": "checkpoint_saved", "step": step, "rank": self.rank, "bytes": nbytes,
+                    "seconds": time.time() - t0, "stall": stall, "path": str(path), "t": time.time()})
+
+    def close(self) -> None:
+        """Wait for a save still writing (the run is stopping: finish what was started)."""
+        self._finish_if_done(wait=True)
+
+    def _prune(self) -> None:
+        complete = [c for c in list_checkpoints(self.root) if c.complete]
+        for old in complete[:-self.keep]:
+            shutil.rmtree(old.path, ignore_errors=True)
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError:
+        pass
+
+
+def load_into(path: str | Path, state: dict[str, Any], process_group: Any = None) -> dict[str, Any]:
+    """Load DCP's tensors into ``state`` in place; returns the checkpoint's ``meta``."""
+    import torch
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+
+    path = Path(path)
+    if not (path / COMPLETE).exists():
+        raise ValueError(f"checkpoint: {path} is incomplete (no {COMPLETE}: its write was interrupted)")
+    dcp.load(state, checkpoint_id=str(path), process_group=process_group, no_dist=not dist.is_initialized())
+    return torch.load(path / META, weights_only=False)

@@ -1,0 +1,168 @@
+"""Durable checkpoints on real processes: every group lost at once continues from the newest
+complete checkpoint, a kernel-less resume continues the same run, a checkpoint interrupted
+mid-write is never loaded, the restart mode restarts every group from disk, and bad requests
+are refused before anything starts."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import time
+
+import pytest
+
+from monarch_nb.ft import FTRun, RunConfig
+from monarch_nb.ft.durable import COMPLETE, latest_complete, list_checkpoints
+from proc_checks import assert_gone
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def lost_and_resumed(tmp_path_factory):
+    root = tmp_path_factory.mktemp("durable")
+    run = FTRun(RunConfig(replicas=2, checkpoint_every=5, checkpoint_keep=2, runs_root=str(root)))
+    facts: dict = {}
+    try:
+        run.start()
+        run.wait_for(lambda e: e.kind == "checkpoint_saved" and e.step >= 10, timeout=240)
+        facts["before"] = max(e.step for e in run.history().steps())
+        since = time.time()
+        for g in run.groups:  # every group at once: no live peer is left
+            for pid in g.pids:
+                os.kill(pid, signal.SIGKILL)
+        facts["lost"] = run.wait_for(lambda e: e.kind == "all_groups_lost", timeout=120, since=since)
+        facts["resumed"] = run.wait_for(lambda e: e.kind == "resumed", timeout=120, since=since)
+        facts["back"] = [run.wait_for(lambda e, v=v: e.kind == "rejoined" and e.replica == v, timeout=180, since=since)
+                         for v in (0, 1)]
+        facts["identical"] = run.check_identical(timeout=120)
+    finally:
+        run.stop()
+    # the kernel is gone too: continue the same run from its directory alone
+    again = FTRun.resume(run.run_dir)
+    try:
+        again.start()
+        facts["again_from"] = again.resume_from.step
+        again.wait_for_step(again.resume_from.step + 3, timeout=240)
+        facts["again_identical"] = again.check_identical(timeout=120)
+    finally:
+        again.stop()
+    return run, again, facts
+
+
+def test_checkpoints_are_saved_off_the_critical_path_and_pruned(lost_and_resumed):
+    run, _, _ = lost_and_resumed
+    saved = run.events.events("checkpoint_saved")
+    assert saved and {e.replica for e in saved} == {0}, "one group saves, the lowest in the quorum"
+    steps = [e.t for e in run.history().steps(1)]
+    median_step = sorted(b - a for a, b in zip(steps, steps[1:]))[len(steps) // 2]
+    assert max(e.stall for e in saved) <= median_step, "a save may stall training by at most one step"
+    assert all(e.bytes > 1_000_000 for e in saved)
+    complete = [c for c in list_checkpoints(run.checkpoint_dir) if c.complete]
+    assert 1 <= len(complete) <= 2, complete  # checkpoint_keep=2
+
+
+def test_losing_every_group_resumes_from_the_newest_checkpoint_with_identical_replicas(lost_and_resumed):
+    run, _, facts = lost_and_resumed
+    assert facts["lost"].checkpoint == facts["resumed"].checkpoint
+    assert facts["resumed"].step >= 10 and facts["resumed"].step % 5 == 0
+    assert all(b.step == facts["resumed"].step + 1 for b in facts["back"]), facts["back"]
+    assert facts["identical"].identical
+    # the loss continues where the checkpoint left it, not from the initial weights
+    losses = {e.step: e.loss for e in run.history().steps(0)}
+    first_loss = losses[min(losses)]
+    resumed_loss = [e.loss for e in run.history().steps(0) if e.t >= facts["resumed"].t][0]
+    assert resumed_loss < first_loss - 1.0, (first_loss, resumed_loss)
+
+
+def test_resume_continues_the_same_run_and_its_event_log(lost_and_resumed):
+    run, again, facts = lost_and_resumed
+    assert again.run_id == run.run_id and again.run_dir == run.run_dir
+    assert facts["again_identical"].identical
+    kinds = [e.kind for e in again.events]
+    assert kinds.count("run_started") == 2 and "resumed" in kinds[kinds.index("run_stopped"):]
+    steps = [e.step for e in again.history().steps(0)]
+    assert steps[-1] > facts["again_from"] and max(steps) > facts["before"]
+    assert_gone(run.spawned_pids + again.spawned_pids + [run.lighthouse_pid, again.lighthouse_pid], timeout=20)
+
+
+def test_a_checkpoint_interrupted_mid_write_is_skipped(lost_and_resumed, tmp_path):
+    run, _, _ = lost_and_resumed
+    newest = latest_complete(run.checkpoint_dir)
+    torn = newest.path.with_name("step-9999999")
+    shutil.copytree(newest.path, torn)
+    (torn / COMPLETE).unlink()  # as a save killed before it finished
+    try:
+        assert latest_complete(run.checkpoint_dir).step == newest.step
+        with pytest.raises(ValueError, match="incomplete"):
+            from monarch_nb.ft.durable import load_into
+
+            load_into(torn, {})
+    finally:
+        shutil.rmtree(torn)
+
+
+def test_restart_mode_restarts_every_group_from_disk(tmp_path):
+    run = FTRun(RunConfig(replicas=2, checkpoint_every=5, recovery="restart", runs_root=str(tmp_path)))
+    try:
+        run.start()
+        run.wait_for(lambda e: e.kind == "checkpoint_saved" and e.step >= 5, timeout=240)
+        before = {g.index: list(g.pids) for g in run.groups}
+        since = time.time()
+        run.inject("kill", replica=1)
+        restarted = run.wait_for(lambda e: e.kind == "restarted_from_checkpoint", timeout=180, since=since)
+        for v in (0, 1):
+            run.wait_for(lambda e, v=v: e.kind == "rejoined" and e.replica == v, timeout=180, since=since)
+        after = {g.index: list(g.pids) for g in run.groups}
+        identical = run.check_identical(timeout=120)
+    finally:
+        run.stop()
+    assert all(set(after[g]).isdisjoint(before[g]) for g in before), "every group must be restarted"
+    assert restarted.checkpoint and restarted.step >= 5 and restarted.lost_steps >= 0
+    assert identical.identical
+    assert not run.events.events("healed"), "the old way reads state from disk, not from a peer"
+
+
+def test_bad_checkpoint_requests_are_refused_before_anything_starts(tmp_path):
+    with pytest.raises(ValueError, match="^checkpoint_every: must be an integer >= 1"):
+        RunConfig(checkpoint_every=0).validate()
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    with pytest.raises(ValueError, match="^checkpoint_dir: .* is not writable"):
+        FTRun(RunConfig(checkpoint_every=5, checkpoint_dir=str(blocker / "ckpt"), runs_root=str(tmp_path / "r")))
+    assert not (tmp_path / "r").exists(), "a refused run leaves nothing behind"
+    with pytest.raises(ValueError, match="is not a run directory"):
+        FTRun.resume(tmp_path)
+    run_dir = tmp_path / "r2"
+    run_dir.mkdir()
+    (run_dir / "events.jsonl").write_text(
+        '{"t": 1.0, "kind": "run_started", "run_id": "r2", "config": {"replicas": 2}}\n')
+    with pytest.raises(ValueError, match="no complete checkpoint under"):
+        FTRun.resume(run_dir)
+
+
+def test_a_checkpoint_from_another_model_is_refused_naming_the_mismatch(lost_and_resumed):
+    run, _, _ = lost_and_resumed
+    with pytest.raises(ValueError, match="written with model='debugmodel', this config has model='debug4x'"):
+        FTRun.resume(run.run_dir, model="debug4x")
+
+
+def test_a_save_that_cannot_be_written_is_recorded_and_training_goes_on(tmp_path):
+    """Not a real full disk (ENOSPC needs a filesystem this sandbox cannot mount): the checkpoint
+    directory is replaced by a file mid-run, so every save fails to create its directory."""
+    ckpt = tmp_path / "ckpt"
+    run = FTRun(RunConfig(replicas=2, checkpoint_every=3, checkpoint_dir=str(ckpt), runs_root=str(tmp_path / "r")))
+    try:
+        run.start()
+        run.wait_for(lambda e: e.kind == "checkpoint_saved", timeout=240)
+        shutil.rmtree(ckpt)
+        ckpt.write_text("in the way")
+        since = time.time()
+        failed = run.wait_for(lambda e: e.kind == "checkpoint_failed", timeout=120, since=since)
+        step = failed.step
+        run.wait_for_step(step + 3, timeout=120)
+    finally:
+        run.stop()
+    assert "Error" in failed.error
+    assert not run.events.events("failure_detected"), "a failed save is no failure of a group"
