@@ -15,7 +15,7 @@ from typing import Any, Callable, Iterator
 from monarch.actor import send
 
 from . import seam
-from .errors import CallTimeout, RemoteError
+from .errors import CallInterrupted, CallTimeout, RemoteError
 
 
 @dataclass
@@ -43,8 +43,36 @@ class MeshResult:
         return not self.errors and not self.missing
 
 
-# How often a wait for replies checks whether it should give up (a rank it waits on died).
+# How often a wait for replies looks up from the channel: to check whether it should give up
+# (a rank it waits on died), to report progress, and to take a Ctrl-C promptly.
 _CHECK_S = 0.1
+# After an interrupt, how long replies are still taken (the interrupted ranks' own answers).
+INTERRUPT_GRACE_S = 1.0
+
+
+class Replies:
+    """The replies to one message sent to every actor of ``endpoint``'s mesh, taken one at a
+    time as they arrive: ``next(wait)`` is a reply ``(local rank, ok, value)`` or None when none
+    came within ``wait`` seconds. Waits are short, so the caller stays interruptible."""
+
+    def __init__(self, endpoint: Any, args: tuple, kwargs: dict, timeout: float) -> None:
+        port, self._outcomes = seam.open_outcome_channel()
+        self.deadline = time.monotonic() + timeout
+        self._pending: Any = None
+        send(endpoint, args, kwargs, port=port)
+
+    def left(self) -> float:
+        return self.deadline - time.monotonic()
+
+    def next(self, wait: float) -> tuple[int, bool, Any] | None:
+        if self._pending is None:
+            self._pending = self._outcomes.recv()
+        try:
+            reply = self._pending.get(timeout=max(0.001, min(wait, self.left())))
+        except TimeoutError:
+            return None
+        self._pending = None
+        return reply
 
 
 def receive(endpoint: Any, args: tuple, kwargs: dict, expected: int, timeout: float,
@@ -52,36 +80,75 @@ def receive(endpoint: Any, args: tuple, kwargs: dict, expected: int, timeout: fl
     """Send to every actor of ``endpoint``'s mesh; yield ``(local rank, ok, value)`` in arrival
     order until ``expected`` replies came, ``timeout`` seconds passed, or ``give_up()`` says a
     rank that has not answered is known dead (checked every 0.1 s: no wait on the dead)."""
-    port, outcomes = seam.open_outcome_channel()
-    deadline = time.monotonic() + timeout
-    send(endpoint, args, kwargs, port=port)
+    replies = Replies(endpoint, args, kwargs, timeout)
     for _ in range(expected):
-        pending = outcomes.recv()
         while True:
-            left = deadline - time.monotonic()
-            if left <= 0 or (give_up is not None and give_up()):
+            if replies.left() <= 0 or (give_up is not None and give_up()):
                 return
-            try:
-                rank, ok, value = pending.get(timeout=min(left, _CHECK_S) if give_up else left)
+            reply = replies.next(_CHECK_S)
+            if reply is not None:
                 break
-            except TimeoutError:
-                continue
-        yield rank, ok, value
+        yield reply
+
+
+@dataclass
+class CallWatch:
+    """How far one call got, for a progress display: ``answered`` and ``pending`` are the
+    mesh's global ranks; written by the call, read by whoever shows it."""
+
+    total: int = 0
+    answered: set[int] = field(default_factory=set)
+    pending: set[int] = field(default_factory=set)
+    started: float = field(default_factory=time.monotonic)
 
 
 def gather(endpoint: Any, name: str, args: tuple, kwargs: dict, ranks: list[int], timeout: float,
-           dead: Callable[[], set[int]] | None = None) -> MeshResult:
+           dead: Callable[[], set[int]] | None = None, *, on_interrupt: Callable[[], None] | None = None,
+           watch: CallWatch | None = None, global_ranks: list[int] | None = None) -> MeshResult:
     """Collect every reply of one call to ``ranks`` (slice-local) until all arrive, the deadline
-    passes, or ``dead()`` (slice-local ranks known dead) names one that has not answered."""
+    passes, or ``dead()`` (slice-local ranks known dead) names one that has not answered.
+
+    Ctrl-C stops the wait within 0.1 s and raises :class:`CallInterrupted` with what came.
+    With ``on_interrupt`` (which tells the ranks to stop), replies are still taken for
+    ``INTERRUPT_GRACE_S`` first, so the interrupted ranks' own answers are in the result."""
     started = time.monotonic()
     result = MeshResult(endpoint=name, ranks=list(ranks))
     pending = set(ranks)
-    give_up = (lambda: bool(pending & dead())) if dead is not None else None
-    for rank, ok, value in receive(endpoint, args, kwargs, len(pending), timeout, give_up):
-        pending.discard(rank)
-        (result.values if ok else result.errors)[rank] = value
+    to_global = (lambda r: global_ranks[r]) if global_ranks is not None else (lambda r: r)
+    if watch is not None:
+        watch.total, watch.pending = len(pending), {to_global(r) for r in pending}
+    replies = Replies(endpoint, args, kwargs, timeout)
+
+    def take() -> None:
+        while pending:
+            if replies.left() <= 0 or (dead is not None and pending & dead()):
+                return
+            reply = replies.next(_CHECK_S)
+            if reply is None:
+                continue
+            rank, ok, value = reply
+            pending.discard(rank)
+            (result.values if ok else result.errors)[rank] = value
+            if watch is not None:
+                watch.pending.discard(to_global(rank))
+                watch.answered.add(to_global(rank))
+
+    interrupted = False
+    while True:  # the try is around the whole loop: Python takes a signal at the loop's jump back
+        try:
+            take()
+            break
+        except KeyboardInterrupt:
+            if interrupted or on_interrupt is None:
+                interrupted = True
+                break
+            interrupted = True
+            on_interrupt()
+            replies.deadline = min(replies.deadline, time.monotonic() + INTERRUPT_GRACE_S)
     result.missing = sorted(pending)
     result.seconds = time.monotonic() - started
+    if interrupted:
+        raise CallInterrupted(name, result)
     return result
 
 

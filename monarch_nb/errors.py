@@ -71,3 +71,18 @@ class RemoteError(MonarchNbError):
             f"{endpoint} raised on ranks {format_ranks(errors)}; rank {first_rank}: "
             f"{type(errors[first_rank]).__name__}: {errors[first_rank]}"
         )
+
+
+class CallInterrupted(KeyboardInterrupt):
+    """Ctrl-C ended the wait for a call. ``result`` holds what arrived (a ``MeshResult``); its
+    ``missing`` ranks had not answered. A KeyboardInterrupt, so a notebook stops where it is."""
+
+    def __init__(self, endpoint: str, result: Any) -> None:
+        self.endpoint, self.result = endpoint, result
+        waiting = f"; ranks {format_ranks(result.missing)} had not answered" if result.missing else ""
+        super().__init__(f"{endpoint}: interrupted after {result.seconds:.1f} s{waiting}")
+
+
+class Interrupted(KeyboardInterrupt):
+    """A notebook command was interrupted; the message says what stopped and what still runs.
+    The Monarch kernel shows it as one line, not a traceback."""

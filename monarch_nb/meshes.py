@@ -65,6 +65,7 @@ class MeshHandle:
     actor_full_names: dict[str, str] = field(default_factory=dict)
     agent: Any = None
     stopped: bool = False
+    log_dir: Any = None  # pathlib.Path where the workers' output goes (Session.logs)
 
     @property
     def size(self) -> int:

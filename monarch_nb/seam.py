@@ -252,3 +252,17 @@ def manager_server_port(manager: Any) -> int | None:
     """The port of a torchft Manager's own server (rank 0 of a group only; it binds ``[::]``)."""
     server = getattr(manager, "_manager", None)
     return int(server.address().rsplit(":", 1)[1]) if server is not None else None
+
+
+def show_interrupts_in_one_line(shell: Any, types: tuple[type, ...]) -> None:
+    """IPython shows an exception of ``types`` as one ``KeyboardInterrupt: message`` line (the
+    cell still ends in error, so "Run all" stops there) instead of a traceback through the
+    magic's frames. ``set_custom_exc`` is public; ``_showtraceback`` is the hook ipykernel
+    overrides to send the error to the frontend."""
+
+    def one_line(shell: Any, etype: type, value: BaseException, tb: Any, tb_offset: Any = None) -> list[str]:
+        stb = [f"KeyboardInterrupt: {value}"]
+        shell._showtraceback(KeyboardInterrupt, value, stb)
+        return stb
+
+    shell.set_custom_exc(types, one_line)

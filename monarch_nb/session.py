@@ -22,10 +22,11 @@ import weakref
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from . import _runtime, seam
-from .calls import MeshResult, gather, raise_for_outcome, receive
-from .errors import CallTimeout, MonarchNbError, RemoteError, UnknownMeshError
-from .meshes import ALIVE, ActorSpec, MeshHandle, ProcInfo, coords_of
+from . import _runtime, seam, worker_logs
+from . import stacks as stacks_
+from .calls import CallWatch, MeshResult, gather, raise_for_outcome, receive
+from .errors import CallInterrupted, CallTimeout, MonarchNbError, RemoteError, UnknownMeshError
+from .meshes import ALIVE, ActorSpec, MeshHandle, ProcInfo, coords_of, pid_alive
 from .reaper import Reaper
 from .telemetry import EventStore
 from .telemetry.events import CallTimedOut, MeshDown, MeshUp, WorkerFailed
@@ -97,6 +98,7 @@ class Session:
         self._job_watch: threading.Thread | None = None
         self._timeouts: dict[tuple[str, str], tuple[float, int]] = {}  # (mesh, endpoint) -> (last event, since)
         self._recent: dict[str, tuple[str, float]] = {}  # unique actor mesh name -> (mesh, torn down at)
+        self._log_dirs: dict[str, Path] = {}  # mesh name -> where its workers' logs are (kept after down)
         self._job_watch_stop = threading.Event()
         self._remove_hook = _runtime.add_fault_listener(self._on_fault)
         atexit.register(self.shutdown)
@@ -106,7 +108,7 @@ class Session:
 
     def up(self, name: str = "main", procs: int = 1, hosts: int = 1, *, job: Any = None,
            env: dict[str, str] | None = None, host_mesh: Any = None, timeout: float | None = None,
-           force: bool = False) -> MeshHandle:
+           force: bool = False, log_dir: str | Path | None = None) -> MeshHandle:
         """Start a proc mesh of ``procs`` processes on each of ``hosts`` hosts.
 
         Args:
@@ -122,6 +124,8 @@ class Session:
             host_mesh: hosts you allocated yourself (a Monarch ``HostMesh``); overrides ``job``.
             timeout: seconds to wait for the workers to answer (default: the session's).
             force: start more processes on this machine than ``local_process_limit()`` allows.
+            log_dir: where the workers' output goes, one file per rank (default: ``logs/``
+                beside the session's event log); it must be on a filesystem the hosts share.
         """
         self._check_open()
         if not isinstance(name, str) or not _NAME_RE.match(name):
@@ -152,9 +156,11 @@ class Session:
         local = allocation is None or allocation.local
         # Hosts of this machine talk over loopback (gloo would pick an interface by hostname).
         worker_env = {**(_runtime.LOOPBACK_ENV if local else {}), **(env or {})}
-        handle = MeshHandle(name=name, shape={}, proc_mesh=None, job=job, allocation=allocation, env=env)
+        handle = MeshHandle(name=name, shape={}, proc_mesh=None, job=job, allocation=allocation, env=env,
+                            log_dir=Path(log_dir).resolve() if log_dir else self.log_dir / "logs")
         with self._lock:
             self.meshes[name] = handle
+            self._log_dirs[name] = handle.log_dir
         try:
             bootstrap = functools.partial(_apply_env, worker_env) if worker_env else None
             handle.proc_mesh = host_mesh.spawn_procs(per_host={"gpus": procs}, bootstrap=bootstrap, name=name)
@@ -170,6 +176,7 @@ class Session:
             for rank, ident in ids:
                 proc = handle.procs[rank]
                 proc.pid, proc.host, proc.job_id, proc.node = ident.pid, ident.host, ident.job_id, ident.node
+            self._capture_logs(handle, wait)
         except BaseException:
             self.down(name, kill=True)
             raise
@@ -240,9 +247,115 @@ class Session:
             handle = self.meshes.pop(old)
             handle.name = new
             self.meshes[new] = handle
+            self._log_dirs[new] = handle.log_dir
             for actor in handle.actors:
                 self._actor_owner[actor] = new
+        try:  # its workers write on under the new name
+            self._capture_logs(handle, 10.0)
+        except MonarchNbError as exc:
+            log.warning("mesh %s (was %s) keeps writing its logs as %s: %s", new, old, old, exc)
         return handle
+
+    # ---- seeing inside the workers ---------------------------------------------------------
+
+    def _capture_logs(self, handle: MeshHandle, timeout: float) -> None:
+        """Every rank's stdout, stderr and logging to ``<log_dir>/<mesh>-rank<k>.log``."""
+        raise_for_outcome(gather(handle.agent.capture_logs, f"{handle.name}.capture_logs",
+                                 (str(handle.log_dir), handle.name), {}, list(range(handle.size)), timeout), timeout)
+
+    def log_dir_of(self, mesh: str) -> Path:
+        """Where mesh ``mesh``'s workers write (also after it went down)."""
+        with self._lock:
+            if mesh in self._log_dirs:
+                return self._log_dirs[mesh]
+            known = sorted(self._log_dirs)
+        raise UnknownMeshError(mesh, known)
+
+    def logs(self, mesh: str | None = None, rank: int | None = None, grep: str | None = None,
+             tail: int = 40) -> "worker_logs.LogView":
+        """The workers' log lines (of one mesh and rank, containing ``grep``), the same line of
+        several ranks and the noise of a fault folded into one; the full text is in the files."""
+        if mesh is None:
+            with self._lock:
+                dirs = sorted(set(self._log_dirs.values()))
+            if len(dirs) > 1:
+                raise MonarchNbError(f"the meshes of this session write to {len(dirs)} directories; name one with "
+                                     "--mesh NAME")
+            return worker_logs.view(dirs[0] if dirs else self.log_dir / "logs", None, rank, grep, tail)
+        return worker_logs.view(self.log_dir_of(mesh), mesh, rank, grep, tail)
+
+    def stacks(self, mesh: str | None = None, ranks: list[int] | None = None) -> list["stacks_.Stack"]:
+        """Every chosen rank's Python stack, read from outside the process (py-spy; faulthandler
+        where py-spy cannot attach), so a rank that holds the GIL or sits in a collective
+        answers too. Ranks named in ``ranks`` must exist and be alive; with no ``ranks``, dead
+        ones are listed as such."""
+        handle = self.mesh(mesh)
+        chosen = list(range(handle.size)) if ranks is None else list(ranks)
+        local = socket.gethostname()
+        plan: list[tuple[str, ProcInfo]] = []
+        out: dict[int, stacks_.Stack] = {}
+        for rank in chosen:
+            if not isinstance(rank, int) or not 0 <= rank < handle.size:
+                raise ValueError(f"rank {rank} is not in mesh {handle.name!r} (ranks 0..{handle.size - 1})")
+            proc = handle.procs[rank]
+            label = f"{handle.name} rank {rank}"
+            why = None
+            if proc.state != ALIVE or (proc.pid and proc.host == local and not pid_alive(proc.pid)):
+                why = f"{label} is {proc.state if proc.state != ALIVE else 'gone'}" + (
+                    f" ({proc.reason})" if proc.reason else "") + ": a dead process has no stack"
+            elif proc.host != local:
+                why = (f"{label} runs on host {proc.host}: stacks are read from this machine's processes; on "
+                       f"{proc.host} run `py-spy dump --pid {proc.pid}`")
+            if why is not None:
+                if ranks is not None:
+                    raise stacks_.StackError(why)
+                out[rank] = stacks_.Stack(label, proc.pid or 0, why, "unavailable")
+                continue
+            plan.append((label, proc))
+        errors: dict[int, BaseException] = {}
+
+        def read(label: str, proc: ProcInfo) -> None:
+            try:
+                out[proc.rank] = stacks_.read_stack(label, proc.pid or 0,
+                                                    worker_logs.log_path(handle.log_dir, handle.name, proc.rank))
+            except stacks_.StackError as exc:
+                errors[proc.rank] = exc
+
+        threads = [threading.Thread(target=read, args=item, daemon=True) for item in plan]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        if errors and len(errors) == len(plan):
+            raise next(iter(errors.values()))
+        for rank, exc in errors.items():
+            out[rank] = stacks_.Stack(f"{handle.name} rank {rank}", handle.procs[rank].pid or 0, str(exc),
+                                      "unavailable")
+        return [out[r] for r in sorted(out)]
+
+    def interrupt(self, mesh: str | None = None, timeout: float = 5.0) -> list[int]:
+        """Interrupt the ``%%monarch`` cell running on a mesh's workers (not a training loop);
+        returns the ranks where one was running."""
+        handle = self.mesh(mesh)
+        result = self.deadline(handle.agent, timeout).interrupt.gather()
+        return sorted(rank for rank, was_running in result.values.items() if was_running)
+
+    def debug(self, mesh: str | None, rank: int, command: str | None = None, timeout: float = 30.0) -> Any:
+        """One post-mortem pdb command (``p x``, ``up``, ``down``, ``l``, ``q``...) on the last
+        exception a ``%%monarch`` cell raised on ``rank``; no command: where it stopped.
+        Returns the agent's ``DebugReply``."""
+        handle = self.mesh(mesh)
+        if not isinstance(rank, int) or not 0 <= rank < handle.size:
+            raise ValueError(f"rank {rank} is not in mesh {handle.name!r} (ranks 0..{handle.size - 1})")
+        proc = handle.procs[rank]
+        if proc.state != ALIVE:
+            raise MonarchNbError(f"{handle.name} rank {rank} is {proc.state} ({proc.reason}); its exception died "
+                                 "with it")
+        try:
+            return self.deadline(handle.agent.slice(**proc.coords), timeout).debug.call_one(command)
+        except RemoteError as exc:  # the agent's LookupError: nothing stored on that rank
+            lines = str(next(iter(exc.errors.values()))).strip().splitlines()
+            raise MonarchNbError(lines[-1].removeprefix("LookupError: ") if lines else str(exc)) from None
 
     def replace(self, name: str, timeout: float | None = None) -> MeshHandle:
         """Stop a (failed) mesh and start a fresh one of the same shape, respawning its actors.
@@ -365,6 +478,15 @@ class Session:
             if not watched and not any(h.allocation is not None for h in self.snapshot()):
                 return
 
+    def views(self) -> dict[str, dict[str, str]]:
+        """Per mesh, Monarch's own views of its job (dashboard, admin API) where enabled."""
+        out = {}
+        for handle in self.snapshot():
+            urls = handle.allocation.views() if handle.allocation is not None else {}
+            if urls:
+                out[handle.name] = urls
+        return out
+
     def status(self) -> list[MeshHandle]:
         """Every mesh, with health refreshed (pid checks catch deaths nobody has called into)."""
         with self._lock:
@@ -381,13 +503,17 @@ class Session:
 
     # ---- calls with deadlines ----------------------------------------------------------
 
-    def deadline(self, actors: Any, timeout: float | None = None) -> "DeadlineMesh":
+    def deadline(self, actors: Any, timeout: float | None = None, *, on_interrupt: Callable[[], None] | None = None,
+                 watch: CallWatch | None = None) -> "DeadlineMesh":
         """A view of ``actors`` whose endpoints take Monarch's adverbs but never wait past ``timeout``.
 
         ``session.deadline(trainers, 5).step.call(batch)`` returns a ``MeshResult`` or
-        raises ``CallTimeout`` naming the ranks that did not answer.
+        raises ``CallTimeout`` naming the ranks that did not answer. Ctrl-C ends the wait at
+        once with ``CallInterrupted`` (``on_interrupt`` runs first, to stop the ranks too);
+        ``watch`` (a ``CallWatch``) follows which ranks answered.
         """
-        return DeadlineMesh(self, actors, self.default_timeout if timeout is None else timeout)
+        return DeadlineMesh(self, actors, self.default_timeout if timeout is None else timeout,
+                            on_interrupt=on_interrupt, watch=watch)
 
     def owner_of(self, actors: Any) -> MeshHandle | None:
         """The mesh an actor mesh (or a slice of one) was spawned on, if this session spawned it."""
@@ -532,12 +658,13 @@ class DeadlineEndpoint:
         def dead() -> set[int]:  # ranks that died during the call: stop waiting for them
             return {index[r] for r in owner.failed_ranks if r in index} if owner else set()
 
-        result = gather(self._endpoint, self._label, args, kwargs, local_live, view.timeout, dead)
-        # Report in the proc mesh's global ranks, and count known-dead ranks as missing.
-        result.values = {ranks[i]: v for i, v in result.values.items()}
-        result.errors = {ranks[i]: e for i, e in result.errors.items()}
-        result.missing = sorted(set([ranks[i] for i in result.missing]) | failed)
-        result.ranks = ranks
+        try:
+            result = gather(self._endpoint, self._label, args, kwargs, local_live, view.timeout, dead,
+                            on_interrupt=view.on_interrupt, watch=view.watch, global_ranks=ranks)
+        except CallInterrupted as exc:
+            _to_global(exc.result, ranks, failed)
+            raise
+        _to_global(result, ranks, failed)
         silent = sorted(set(result.missing) - set(owner.failed_ranks if owner else ()))
         if silent:  # ranks known dead are no news: their failure was recorded when they died
             view.session._record_timeout(owner.name if owner else "?", result.endpoint, silent, view.timeout)
@@ -581,10 +708,15 @@ class DeadlineEndpoint:
 
 
 class DeadlineMesh:
-    def __init__(self, session: Session, actors: Any, timeout: float) -> None:
+    """``actors`` with a deadline on every call; ``on_interrupt`` is called on Ctrl-C during a
+    ``gather``/``call`` (to stop the ranks too), ``watch`` follows its progress."""
+
+    def __init__(self, session: Session, actors: Any, timeout: float, *,
+                 on_interrupt: Callable[[], None] | None = None, watch: CallWatch | None = None) -> None:
         if timeout <= 0:
             raise ValueError(f"timeout must be positive seconds, got {timeout!r}")
         self.session, self.actors, self.timeout = session, actors, timeout
+        self.on_interrupt, self.watch = on_interrupt, watch
 
     def __getattr__(self, name: str) -> DeadlineEndpoint:
         if name.startswith("_"):
@@ -592,7 +724,16 @@ class DeadlineMesh:
         return DeadlineEndpoint(self, name)
 
     def slice(self, **dims: Any) -> "DeadlineMesh":
-        return DeadlineMesh(self.session, self.actors.slice(**dims), self.timeout)
+        return DeadlineMesh(self.session, self.actors.slice(**dims), self.timeout,
+                            on_interrupt=self.on_interrupt, watch=self.watch)
+
+
+def _to_global(result: MeshResult, ranks: list[int], failed: set[int]) -> None:
+    """Report in the proc mesh's global ranks, and count known-dead ranks as missing."""
+    result.values = {ranks[i]: v for i, v in result.values.items()}
+    result.errors = {ranks[i]: e for i, e in result.errors.items()}
+    result.missing = sorted(set([ranks[i] for i in result.missing]) | failed)
+    result.ranks = ranks
 
 
 def _ensure_gone(pids: list[int], timeout: float) -> None:

@@ -511,3 +511,45 @@ def test_a_stopped_run_and_a_live_one_are_never_called_interrupted(tmp_path):
         assert "data-status='not-started'" in d.header.value and "waiting" not in d.header.value
     finally:
         d.close()
+
+
+def test_a_hang_s_stack_is_shown_under_its_recovery_and_the_header_links_the_lighthouse():
+    from monarch_nb.notebook.dashboard_render import header_html
+    from monarch_nb.telemetry.events import LighthouseStarted
+
+    stack = 'Thread 7 (idle): "train-r1"\n    hold_gil (monarch_nb/ft/faults.py:160)'
+    evs = healthy_run() + [LighthouseStarted(t=T0 + 0.05, address="http://127.0.0.1:29510", pid=42),
+                           FaultInjected(t=T0 + 20, fault="hang", replica=1, rank=0, step=10),
+                           FailureDetected(t=T0 + 23, replica=1, rank=0, reason="hang: no answer", detection_s=3.0,
+                                           source="hang", stack=stack)]
+    m = model_of(evs)
+    assert m.recoveries[0].stack == stack
+    html = recoveries_html(m.recoveries, m.started_t)
+    assert "class='mnb-recovery-stack'" in html and "hold_gil (monarch_nb/ft/faults.py:160)" in html
+    assert "stack of group 1 rank 0 when the hang was detected" in html
+    assert "href='http://127.0.0.1:29510'" in header_html(m, T0 + 30)
+
+
+def test_the_log_panel_folds_the_workers_lines_and_reads_only_what_was_appended(tmp_path):
+    from monarch_nb import worker_logs
+
+    store = EventStore(tmp_path / "events.jsonl")
+    for e in healthy_run(replicas=2, group_size=1):
+        store.append(e)
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+    for r in range(2):
+        path = worker_logs.log_path(tmp_path / "logs", f"replica{r}", 0)
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(f"{stamp}.100 [replica{r} rank 0] loading tokenizer.json\n")
+    dash = Dashboard(store, max_hz=50)
+    try:
+        assert "[replica0 rank 0, replica1 rank 0] loading tokenizer.json" in dash.logs.value
+        assert "data-count='2'" in dash.logs.value and str(tmp_path / "logs") in dash.logs.value
+        with open(worker_logs.log_path(tmp_path / "logs", "replica1", 0), "a") as f:
+            f.write(f"{stamp}.900 [replica1 rank 0] step 9 done\n")
+        dash.flush()
+        assert "step 9 done" in dash.logs.value
+        assert "worker logs" in dash.static_html(include_plot=False)
+    finally:
+        dash.close()
+        store.close()

@@ -84,8 +84,15 @@ def test_every_fault_kind_is_detected_and_recovered_with_its_reason(matrix, kind
     assert rec.status == "recovered" and rec.total_s == pytest.approx(sum(rec.durations().values()))
     if kind == "hang":  # detected within hang_timeout_s + 1 s of the fault firing
         assert rec.detection_s is not None and rec.detection_s < 3.0 + 1.0, rec.detection_s
+        # where the rank hung, read (py-spy) before the teardown, kept with the failure event
+        (detected,) = [e for e in run.events.events(FailureDetected) if since <= e.t <= rejoined.t]
+        assert detected.source == "hang" and "hold_gil" in (detected.stack or ""), detected.stack
+        assert rec.stack == detected.stack
+        reopened = [r for r in open_run(run.run_dir).recoveries() if r.fault == "hang"]
+        assert reopened and reopened[0].stack == detected.stack
     else:
         assert rec.detection_s is not None and rec.detection_s < 3.0, rec.detection_s
+        assert rec.stack is None
 
 
 def test_two_groups_at_once_both_come_back_and_the_survivor_alone_kept_training(matrix):

@@ -63,6 +63,21 @@ def test_crash_of_one_rank_respawns_the_group_and_heals_every_shard(sharded_run)
     assert identical.hashes["replica0/rank0"] != identical.hashes["replica0/rank1"]
 
 
+def test_every_rank_of_every_group_has_a_log_file_with_its_own_lines(sharded_run):
+    run = sharded_run[0]
+    names = sorted(p.name for p in run.log_dir.glob("*.log"))
+    assert names == ["replica0-rank0.log", "replica0-rank1.log", "replica1-rank0.log", "replica1-rank1.log"], names
+    for name in names:
+        mesh, rank = name[:-4].split("-rank")
+        text = (run.log_dir / name).read_text()
+        assert text.count(f"[{mesh} rank {rank}]") >= 5, (name, text[:2000])
+        assert f"[{mesh} rank {int(rank) ^ 1}]" not in text  # only its own lines
+    # the crashed rank's group was respawned: its new processes wrote on in the same files
+    assert (run.log_dir / "replica1-rank1.log").read_text().count("writes here as replica1 rank 1") == 2
+    view = run.logs(1, tail=0)
+    assert view.lines and all(ln.where[0][0] == "replica1" for ln in view.lines)
+
+
 def test_no_orphans_after_stop(sharded_run):
     run = sharded_run[0]
     assert_gone(run.spawned_pids + [run.lighthouse_pid], timeout=15)

@@ -242,3 +242,27 @@ def test_manager_server_port_names_the_port_of_the_managers_own_server(manager):
     port = seam.manager_server_port(mgr)
     with socket.create_connection(("127.0.0.1", port), timeout=5):
         pass
+
+
+def test_our_interrupts_show_as_one_line_through_ipython_s_custom_exception_hook():
+    """seam.show_interrupts_in_one_line: IPython's set_custom_exc + _showtraceback (the hook
+    ipykernel overrides to send the error): the cell fails with one line, no traceback."""
+    from IPython.core.interactiveshell import InteractiveShell
+    from IPython.utils.capture import capture_output
+
+    from monarch_nb.errors import Interrupted
+    from monarch_nb.seam import show_interrupts_in_one_line
+
+    shell = InteractiveShell.instance()
+    show_interrupts_in_one_line(shell, (Interrupted,))
+    try:
+        shell.user_ns["Interrupted"] = Interrupted
+        with capture_output() as cap:
+            result = shell.run_cell("def deep():\n    raise Interrupted('stopped waiting')\ndeep()")
+        assert isinstance(result.error_in_exec, Interrupted)
+        assert cap.stdout.strip() == "KeyboardInterrupt: stopped waiting", cap.stdout
+        with capture_output() as cap:  # anything else keeps its full traceback
+            shell.run_cell("raise KeyboardInterrupt('plain')")
+        assert "Traceback" in cap.stdout or "---" in cap.stdout
+    finally:
+        shell.set_custom_exc((), None)

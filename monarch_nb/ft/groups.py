@@ -37,6 +37,7 @@ class Failure:
     rank: int | None
     t: float
     source: str
+    stack: str | None = None  # a hang: where the stuck rank was (py-spy), read before the teardown
 
 
 @dataclass

@@ -90,6 +90,7 @@ class Recovery:
     gave_up: bool = False
     failed_again: bool = False
     identical: bool | None = None  # the first identity check at or after the rejoin
+    stack: str | None = None  # a hang: the stuck rank's Python stack when it was detected
     # Filled by RunHistory (needs every group's steps): how the other groups fared meanwhile.
     survivor_commits_while_down: int | None = None
     survivor_stall_s: float | None = None  # longest gap between a survivor's commits
@@ -216,6 +217,7 @@ class RecoveryTracker:
                 rec = self._start(replica)
             rec.detected_t, rec.detection_s, rec.reason = e.t, e.detection_s, e.reason
             rec.detected_by = e.source
+            rec.stack = e.stack or rec.stack
             rec.rank = e.rank if e.rank is not None else rec.rank
             return rec
         if rec is None:

@@ -25,13 +25,14 @@ import uuid
 from pathlib import Path
 from typing import Any, Callable
 
-from .. import views
+from .. import views, worker_logs
 from ..session import runs_root
 from ..telemetry import EventStore
 from ..telemetry.events import (
     Event,
     LighthouseFailed,
     LighthouseRestarted,
+    LighthouseStarted,
     ReplicasIdentical,
     Resumed,
     RunStarted,
@@ -171,6 +172,35 @@ class FTRun:
     def history(self) -> RunHistory:
         return RunHistory(self.events, self.run_dir)
 
+    # ---- seeing inside the workers ----------------------------------------------------------
+
+    @property
+    def log_dir(self) -> Path:
+        """Every worker's output, one file per group and rank (``replica1-rank0.log``)."""
+        return self.run_dir / "logs"
+
+    def _group(self, replica: int) -> ReplicaGroup:
+        g = self.groups.by_name(f"replica{replica}") if isinstance(replica, int) else None
+        if g is None:
+            known = ", ".join(str(x.index) for x in self.groups) or "none"
+            raise ValueError(f"replica: {replica!r} is not a replica group of run {self.run_id}; groups: {known}")
+        return g
+
+    def logs(self, replica: int | None = None, rank: int | None = None, grep: str | None = None,
+             tail: int = 40) -> worker_logs.LogView:
+        """The workers' log lines (of one group and rank, containing ``grep``), aggregated; the
+        full text is in ``log_dir``."""
+        mesh = self._group(replica).name if replica is not None else None
+        return worker_logs.view(self.log_dir, mesh, rank, grep, tail)
+
+    def stacks(self, replica: int, ranks: list[int] | None = None) -> list[Any]:
+        """The Python stacks of a group's ranks (``Session.stacks``; py-spy from outside)."""
+        g = self._group(replica)
+        if self._session is None or g.state in (STOPPED, GAVE_UP, RETIRED) or g.name not in self._session.meshes:
+            raise ValueError(f"replica: group {replica} has no live processes (it is {g.state}); "
+                             f"its output is in {self.log_dir}")
+        return self._session.stacks(g.name, ranks)
+
     def status(self) -> dict[int | str, dict[str, Any]]:
         """Per group: state, last committed step, restarts so far, worker pids; and per warm
         spare (keys ``spare0``, ...): building or ready, and its pids."""
@@ -240,12 +270,14 @@ class FTRun:
                 bind=f"{self.placement.bind_host}:0", min_replicas=cfg.min_replicas,
                 join_timeout_ms=cfg.join_timeout_ms, quorum_tick_ms=cfg.quorum_tick_ms,
                 heartbeat_timeout_ms=cfg.heartbeat_timeout_ms)).start()
+            self.events.append(LighthouseStarted(address=self.lighthouse.address or "?", pid=self.lighthouse.pid))
             sup = self.supervisor = Supervisor(cfg, self._session, self.groups, self.placement,
                                                EventIngest(cfg.group_size), self.identity, self.events.append,
                                                self.faults.fired_time, self._trainer_args,
                                                lambda: self.lighthouse.address)
             if cfg.checkpoint_every or cfg.recovery == "restart":
                 sup.checkpoint_dir = str(self.checkpoint_dir)
+            sup.log_dir = str(self.log_dir)
             self._unsubscribe = self._session.on_failure(sup.on_worker_failed)
             for g in self.groups:
                 sup.set_state(g, STARTING)

@@ -55,6 +55,7 @@ from .placement import Placement
 from .spares import Spare, SparePool
 
 log = logging.getLogger(__name__)
+MAX_STACK_CHARS = 8000  # a stack kept with a failure event (its innermost frames are at the top)
 
 # Environment of worker processes (on top of the controller's, which they inherit): torchft's
 # Rust side logs every quorum and commit at INFO; one intra-op thread per process on CPU.
@@ -82,6 +83,7 @@ class Supervisor:
         self.run_events: Any = getattr(emit, "__self__", None)  # the run's EventStore (emit is its append)
         self._fired_time, self._trainer_args, self._lighthouse = fired_time, trainer_args, lighthouse
         self.checkpoint_dir: str | None = None  # set by the run when durable checkpoints are on
+        self.log_dir: str | None = None  # where the workers write (the run's logs/); None: the session's
         self._lost_lock = threading.Lock()
         self._lost_episode = False  # reset once a group trains again
         self._restart_lock = threading.Lock()
@@ -107,7 +109,8 @@ class Supervisor:
         in the background): (actors, (pid, host) per rank, seconds the processes took)."""
         cfg = self.config
         t0 = time.monotonic()
-        handle = self.session.up(mesh, procs=cfg.group_size, env={**WORKER_ENV, **cfg.env}, timeout=60.0, **kwargs)
+        handle = self.session.up(mesh, procs=cfg.group_size, env={**WORKER_ENV, **cfg.env}, timeout=60.0,
+                                 log_dir=self.log_dir, **kwargs)
         acquired_s = time.monotonic() - t0
         store_port = _free_port() if cfg.group_size > 1 else None
         actors = self.session.spawn(actor, _trainer_class(), *trainer_args(store_port), mesh=mesh)
@@ -299,9 +302,19 @@ class Supervisor:
             if all(v.get("state") == "finished" for v in result.values.values()):
                 self.set_state(g, FINISHED)
         elif now - g.last_answer > self.config.hang_timeout_s:
+            t = time.time()
             return Failure(f"hang: no answer from ranks {result.missing} for {now - g.last_answer:.1f} s",
-                           result.missing[0], time.time(), "hang")
+                           result.missing[0], t, "hang", stack=self.stack_of(g, result.missing[0]))
         return None
+
+    def stack_of(self, g: ReplicaGroup, rank: int) -> str:
+        """Where a silent rank is stuck, read from outside (it cannot answer); kept with the
+        failure, because the teardown that follows destroys the evidence."""
+        try:
+            stacks = self.session.stacks(g.name, [rank])
+        except Exception as exc:  # no stack must not stop the recovery
+            return f"(no stack: {exc})"
+        return stacks[0].text[:MAX_STACK_CHARS]
 
     # ---- recovering --------------------------------------------------------------------
 
@@ -353,7 +366,8 @@ class Supervisor:
             self._restarting.set()
             fired = self._fired_time(g.index)
             self._emit(FailureDetected(t=failure.t, replica=g.index, rank=failure.rank, reason=failure.reason,
-                                       detection_s=(failure.t - fired) if fired else None, source=failure.source))
+                                       detection_s=(failure.t - fired) if fired else None, source=failure.source,
+                                       stack=failure.stack))
             groups = self.groups.active()
             last = self.progress()
             for h in groups:
@@ -393,7 +407,8 @@ class Supervisor:
         fired = self._fired_time(g.index)
         self.ingest.expect_rejoin(g.index, fired or failure.t)
         self._emit(FailureDetected(t=failure.t, replica=g.index, rank=failure.rank, reason=failure.reason,
-                                   detection_s=(failure.t - fired) if fired else None, source=failure.source))
+                                   detection_s=(failure.t - fired) if fired else None, source=failure.source,
+                                   stack=failure.stack))
         self.set_state(g, FAILED, failure.reason[:200])
         policy = self.config.restart
         while not self.stopping.is_set() and not getattr(self.session, "_closed", False):

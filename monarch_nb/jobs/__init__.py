@@ -60,6 +60,16 @@ class Allocation:
         """Commands the reaper runs if the controller dies (e.g. ``scancel JOB``)."""
         return []
 
+    job_state: Any = None  # Monarch's JobState once started (hosts, and the job's own views)
+
+    def views(self) -> dict[str, str]:
+        """Monarch's own views of this job, when its job enabled them: the web ``dashboard``
+        (``job.enable_telemetry(include_dashboard=True)``) and the ``admin`` API that
+        ``monarch-tui --addr`` reads (``job.enable_admin()``)."""
+        state = self.job_state
+        urls = {"dashboard": getattr(state, "dashboard_url", None), "admin": getattr(state, "admin_url", None)}
+        return {kind: url for kind, url in urls.items() if url}
+
 
 class ProcessAllocation(Allocation):
     """``hosts`` separate local "host" processes through Monarch's ``ProcessJob``."""
@@ -75,7 +85,8 @@ class ProcessAllocation(Allocation):
 
         self._job = ProcessJob({"hosts": self.hosts}, env=self.env)
         try:
-            return self._job.state(cached_path=None).hosts
+            self.job_state = self._job.state(cached_path=None)
+            return self.job_state.hosts
         except BaseException:
             self.release()
             raise

@@ -505,7 +505,8 @@ class KubernetesAllocation(Allocation):
     def start(self) -> Any:
         self._job = make_kubernetes_job(self.spec)
         try:
-            return getattr(self._job.state(cached_path=None), self.spec.mesh)
+            self.job_state = self._job.state(cached_path=None)
+            return getattr(self.job_state, self.spec.mesh)
         except BaseException:
             self.release()
             raise

@@ -222,7 +222,8 @@ class SlurmAllocation(Allocation):
             self.job.apply()
             self.job_id = seam.slurm_job_id(self.job)
             self._wait_running()
-            return self.job.state(cached_path=None).hosts
+            self.job_state = self.job.state(cached_path=None)
+            return self.job_state.hosts
         except BaseException:
             self.release()
             raise

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Protocol
 
+from .. import worker_logs
 from ..telemetry.events import Event
 from ..telemetry.store import EventStore
 
@@ -45,6 +46,7 @@ from .dashboard_model import (
     FAULT_KINDS,
     HEADER,
     HEALTH,
+    LOGS,
     PANELS,
     PLOT,
     QUORUM,
@@ -55,7 +57,8 @@ from .dashboard_model import (
 __all__ = ["Dashboard", "DashboardStats", "RunControls", "FAULT_KINDS"]
 
 # How the UI's CPU budget (``cpu_share`` of one core) is split between panels.
-CPU_SPLIT = {PLOT: 0.6, HEALTH: 0.15, QUORUM: 0.05, HEADER: 0.05, TIMELINE: 0.1, CONTROLS: 0.05}
+CPU_SPLIT = {PLOT: 0.55, HEALTH: 0.15, QUORUM: 0.05, HEADER: 0.05, TIMELINE: 0.1, CONTROLS: 0.05, LOGS: 0.05}
+LOG_LINES = 14  # lines in the log panel (after folding)
 
 
 class RunControls(Protocol):
@@ -118,6 +121,9 @@ class Dashboard:
         self.model = DashboardModel(reopened=controls is None and store.reopened)
         self.stats = DashboardStats()
         self._plot = render.LossPlot()
+        # The workers' log files sit beside the event log (<run_dir>/logs), read incrementally.
+        log_dir = store.path.parent / "logs" if getattr(store, "path", None) else None
+        self._logs = worker_logs.LogFollower(log_dir) if log_dir is not None else None
 
         self._lock = threading.Lock()  # guards model, dirty set, schedule
         self._wake = threading.Condition(self._lock)
@@ -162,9 +168,10 @@ class Dashboard:
         self.plot = w.Image(format="png", layout=w.Layout(width="600px", max_width="100%"))
         self.plot_caption = w.HTML()
         self.timeline = w.HTML(layout=w.Layout(width="100%"))
+        self.logs = w.HTML(layout=w.Layout(width="100%"))
         for widget, name in ((self.header, "header"), (self.health, "health"), (self.quorum, "quorum"),
                              (self.plot, "plot"), (self.plot_caption, "plot-caption"),
-                             (self.timeline, "timeline")):
+                             (self.timeline, "timeline"), (self.logs, "logs")):
             widget.add_class(f"mnb-{name}-widget")
 
         self.fault_kind = w.Dropdown(options=list(FAULT_KINDS), value="kill", description="fault",
@@ -197,6 +204,7 @@ class Dashboard:
             self.header, self.controls_box,
             w.HBox([left, right], layout=w.Layout(flex_flow="row wrap", align_items="flex-start")),
             section("recoveries"), self.timeline,
+            section("worker logs (the same line of many ranks once; %monarch logs for more)"), self.logs,
         ])
         self.widget.add_class("mnb-dashboard")
 
@@ -292,7 +300,7 @@ class Dashboard:
     def _take_due(self, now: float) -> tuple[set[str], float | None]:
         """Under the lock: the dirty panels whose interval has passed, and seconds to wait."""
         if self._ticking and now >= self._next_tick:
-            self._dirty |= {HEALTH, HEADER}
+            self._dirty |= {HEALTH, HEADER, LOGS}
             self._next_tick = now + self.heartbeat_interval_s
         due = {p for p in self._dirty if now >= self._next_ok[p]}
         self._dirty -= due
@@ -362,6 +370,8 @@ class Dashboard:
                         values[p] = render.timeline_html(m)
                     elif p == CONTROLS:
                         values[p] = (sorted(m.replicas), m.live or m.run_id is None)
+                    elif p == LOGS:
+                        values[p] = self._logs_html()
                     elif p == PLOT:
                         values[p] = (m.plot_data(), render.live_groups_svg(m.live_series, m.started_t,
                                                                           m.reference_time(now)))
@@ -380,6 +390,8 @@ class Dashboard:
                     self._set(p, self.quorum, values[p])
                 elif p == TIMELINE:
                     self._set(p, self.timeline, values[p])
+                elif p == LOGS:
+                    self._set(p, self.logs, values[p])
                 elif p == CONTROLS:
                     self._render_controls(*values[p])
                 elif p == PLOT:
@@ -394,6 +406,12 @@ class Dashboard:
                     self._next_ok[p] = scheduled + self._interval(p)
                 self.stats.plot_render_s = self._cost[PLOT]
                 self.stats.plot_interval_s = self._interval(PLOT)
+
+    def _logs_html(self, *, scroll: bool = True) -> str:
+        if self._logs is None:
+            return render.logs_html([], None, scroll=scroll)
+        self._logs.poll()
+        return render.logs_html(self._logs.tail(LOG_LINES), self._logs.log_dir, scroll=scroll)
 
     def _record_cost(self, panel: str, seconds: float) -> None:
         """Smoothed CPU cost of one frame of ``panel``; the very first frame (imports, font
@@ -429,7 +447,7 @@ class Dashboard:
         """
         self._flush_widgets()
         for widget in (self.header, self.health, self.quorum, self.plot, self.plot_caption, self.timeline,
-                       self.replica_choice, self.inject_button, self.stop_button, self.control_status):
+                       self.logs, self.replica_choice, self.inject_button, self.stop_button, self.control_status):
             widget.send_state()
         self._refresh_static()
 
@@ -515,7 +533,7 @@ class Dashboard:
         """The dashboard as one HTML block with no JavaScript: plot PNG, health and recoveries."""
         png = self.loss_png() if include_plot else None
         with self._lock:
-            return render.static_html(self.model, png, self._clock())
+            return render.static_html(self.model, png, self._clock(), self._logs_html(scroll=False))
 
     def show_static(self) -> None:
         """Display the static fallback (an image of the loss curves, then HTML tables).

@@ -29,6 +29,8 @@ from ..telemetry.events import (
     FaultInjected,
     GaveUp,
     Healed,
+    LighthouseRestarted,
+    LighthouseStarted,
     MeshDown,
     MeshUp,
     Quorum,
@@ -148,7 +150,8 @@ class LogLine:
 
 # Which panels an event can change; the widget layer redraws only those.
 HEADER, HEALTH, QUORUM, PLOT, TIMELINE, CONTROLS = "header", "health", "quorum", "plot", "timeline", "controls"
-PANELS = (HEADER, HEALTH, QUORUM, PLOT, TIMELINE, CONTROLS)
+LOGS = "logs"
+PANELS = (HEADER, HEALTH, QUORUM, PLOT, TIMELINE, CONTROLS, LOGS)
 
 
 class DashboardModel:
@@ -163,6 +166,7 @@ class DashboardModel:
         self.started_t: float | None = None
         self.stopped_t: float | None = None
         self.stop_reason: str | None = None
+        self.lighthouse: str | None = None  # the torchft Lighthouse's address: its status page
         self.last_event_t: float | None = None
         self.replicas: dict[int, ReplicaRecord] = {}
         self.group_size = 1
@@ -256,6 +260,12 @@ class DashboardModel:
         self._log(e, f"run {e.run_id} started")
         return {HEADER, HEALTH, QUORUM, TIMELINE, CONTROLS}
 
+    def _on_LighthouseStarted(self, e: LighthouseStarted) -> set[str]:
+        self.lighthouse = e.address
+        return {HEADER}
+
+    _on_LighthouseRestarted = _on_LighthouseStarted
+
     def _on_RunStopped(self, e: RunStopped) -> set[str]:
         self.stopped_t = e.t
         self.stop_reason = e.reason
@@ -263,7 +273,7 @@ class DashboardModel:
             if rec.state not in ("gave_up", "finished") and not (rec.state == "failed" and "gave up" in rec.detail):
                 self._set_state(rec, "stopped", e.reason if e.reason != "stopped" else "")
         self._log(e, f"run stopped ({e.reason})")
-        return {HEADER, HEALTH, TIMELINE, CONTROLS}
+        return {HEADER, HEALTH, TIMELINE, CONTROLS, LOGS}
 
     def _on_ReplicaState(self, e: ReplicaState) -> set[str]:
         rec = self._replica(e.replica, e.t)

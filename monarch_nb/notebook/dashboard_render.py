@@ -77,10 +77,14 @@ def header_html(model: DashboardModel, now: float) -> str:
         step, same = model.identical
         ident = (f" &middot; <span class='mnb-identical' data-identical='{str(same).lower()}'>"
                  f"step {step}: replicas {'bit-identical' if same else 'DIFFER'}</span>")
+    lighthouse = ""
+    if model.lighthouse and model.lighthouse.startswith("http"):
+        lighthouse = (f" &middot; <a class='mnb-lighthouse' href='{_e(model.lighthouse)}' target='_blank' "
+                      f"title='torchft Lighthouse status page: quorum and heartbeats'>Lighthouse</a>")
     return (f"<div class='mnb-header' data-status='{_e(key)}' "
             f"style='font-size:14px;padding:2px 0'>"
             f"<b>monarch_nb run</b> <code>{_e(model.run_id or '-')}</code> "
-            f"<span style='color:{colour};font-weight:bold'>{_e(status)}</span>{elapsed}{ident}</div>")
+            f"<span style='color:{colour};font-weight:bold'>{_e(status)}</span>{elapsed}{ident}{lighthouse}</div>")
 
 
 # ---- health grid ------------------------------------------------------------------------
@@ -234,12 +238,27 @@ def recoveries_html(recoveries: list[Recovery], t0: float | None, *, bars: bool 
             f"<tr class='mnb-recovery' data-index='{i}' data-replica='{r.replica}' data-status='{_e(r.status)}'>"
             f"<td>{r.replica}</td><td>{_e(fault)}</td><td>{_clock(r.start_t, t0)}</td>{cells}"
             f"<td><b>{_secs(r.total_s)}</b></td><td>{_e(r.status)}</td><td>{_e(heal)}</td>{bar}</tr>")
+        if r.stack:  # a hang: where the stuck rank was when it was detected
+            rows.append(f"<tr class='mnb-recovery-stack' data-index='{i}'><td colspan='{len(phases) + 6 + bool(bars)}'>"
+                        f"<details><summary style='font-size:11px'>stack of group {r.replica} rank {r.rank} when the "
+                        f"hang was detected</summary><pre style='font-size:10px;max-height:240px;overflow:auto;"
+                        f"margin:0'>{_e(r.stack)}</pre></details></td></tr>")
     bar_head = "<th>timeline</th>" if bars else ""
     phase_heads = "".join(f"<th>{name}</th>" for name in PHASES)
     return ("<div class='mnb-recoveries' data-count='%d'><table border='1' style='border-collapse:collapse;"
             "font-family:sans-serif;font-size:12px'><thead><tr><th>group</th><th>fault</th><th>at</th>"
             "%s<th>total</th><th>status</th><th>state copied</th>%s</tr></thead><tbody>%s</tbody></table></div>"
             % (len(recoveries), phase_heads, bar_head, "".join(rows)))
+
+
+def logs_html(lines: list[Any], log_dir: Any, *, scroll: bool = True) -> str:
+    """The workers' recent log lines, folded (``worker_logs.aggregate``); where the files are."""
+    items = "".join(f"<div class='mnb-log-line' data-count='{line.count}' data-sources='{len(line.where)}'>"
+                    f"{_e(line.render())}</div>" for line in lines)
+    box = "max-height:180px;overflow:auto;" if scroll else ""
+    where = f"<div style='font-size:11px;color:#666'>full text: {_e(log_dir)}</div>" if log_dir else ""
+    return (f"<div class='mnb-logs' data-lines='{len(lines)}' style='font-family:monospace;font-size:11px;"
+            f"white-space:pre-wrap;{box}'>{items or '<i>no worker output yet</i>'}</div>{where}")
 
 
 def events_html(lines: Iterable[LogLine], t0: float | None, *, scroll: bool = True) -> str:
@@ -399,7 +418,7 @@ def png_data_url(png: bytes) -> str:
     return "data:image/png;base64," + base64.b64encode(png).decode("ascii")
 
 
-def static_html(model: DashboardModel, png: bytes | None, now: float) -> str:
+def static_html(model: DashboardModel, png: bytes | None, now: float, logs: str = "") -> str:
     """The whole dashboard as one self-contained HTML block (no JavaScript, no widgets).
 
     With ``png`` the loss plot is embedded as a data URL; without, only the tables.
@@ -414,6 +433,7 @@ def static_html(model: DashboardModel, png: bytes | None, now: float) -> str:
             + "<h4 style='margin:4px 0'>health</h4>" + health_table_html(cells)
             + "<h4 style='margin:4px 0'>recoveries</h4>" + recoveries_html(model.recoveries, model.started_t, bars=False)
             + "<h4 style='margin:4px 0'>events</h4>" + events_html(sorted(model.event_log(100), key=lambda line: line.t), model.started_t, scroll=False)
+            + ("<h4 style='margin:4px 0'>worker logs</h4>" + logs if logs else "")
             + "</div>")
 
 

@@ -14,6 +14,7 @@ import warnings
 from typing import Any
 
 from .. import seam
+from ..errors import CallInterrupted, Interrupted
 from . import notices
 from .magics import MonarchMagics
 
@@ -42,6 +43,7 @@ def quiet_blocking_get() -> None:
 def load_ipython_extension(ipython: Any) -> None:
     quiet_blocking_get()
     ipython.register_magics(MonarchMagics(ipython))  # registers the HTML views too
+    seam.show_interrupts_in_one_line(ipython, (Interrupted, CallInterrupted))
     if notices.current is None:
         notices.current = notices.FailureNotices()
         ipython.events.register("pre_run_cell", notices.current.pre_run_cell)

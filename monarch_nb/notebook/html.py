@@ -154,7 +154,8 @@ def run_status_html(run_id: str, status: dict) -> str:
 def failure_html(mesh: str, rank: int | None, reason: str) -> str:
     return (f'<div class="mnb-failure" style="border-left:4px solid {_FAILED};padding:2px 8px">'
             f'{badge("failed")} mesh <b>{esc(mesh)}</b> rank <b>{esc(rank)}</b>: {esc(reason)} '
-            f'&middot; <code>%monarch replace {esc(mesh)}</code> starts a fresh mesh</div>')
+            f'&middot; <code>%monarch replace {esc(mesh)}</code> starts a fresh mesh &middot; what the workers '
+            f'wrote: <code>%monarch logs --mesh {esc(mesh)}</code></div>')
 
 
 def _short(text: str, limit: int = 300) -> str:
@@ -177,3 +178,24 @@ def register_views(ipython: Any) -> None:
     for name, view in views.items():
         module, cls = seam.DISPLAY_TYPES[name]
         formatter.for_type_by_name(module, cls, view)
+
+
+MONARCH_VIEWS_HINT = ("Monarch's dashboard and admin TUI: not enabled for these meshes. They come with a Monarch "
+                      "job: job.enable_telemetry(include_dashboard=True) and job.enable_admin() before "
+                      "job.state(), then Session.up(host_mesh=job.state().hosts); open the TUI with "
+                      "`monarch-tui --addr ADMIN_URL`.")
+
+
+def views_html(lighthouse: str | None, views: dict[str, dict[str, str]]) -> str:
+    """Links to the ecosystem's own views: torchft's Lighthouse page, Monarch's dashboard/TUI."""
+    parts = []
+    if lighthouse:
+        parts.append(f'torchft Lighthouse: <a class="mnb-lighthouse" href="{esc(lighthouse)}" target="_blank">'
+                     f"{esc(lighthouse)}</a> (quorum, heartbeats)")
+    for mesh, urls in views.items():
+        links = " &middot; ".join(f'{esc(kind)}: <a href="{esc(url)}" target="_blank">{esc(url)}</a>'
+                                  for kind, url in urls.items())
+        parts.append(f"mesh {esc(mesh)}: Monarch {links}")
+    if not views:
+        parts.append(f'<span style="color:#666">{esc(MONARCH_VIEWS_HINT)}</span>')
+    return '<div class="mnb-views" style="font-size:12px">' + "<br>".join(parts) + "</div>"

@@ -17,16 +17,19 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, magics_class
 from IPython.display import HTML, display
 
-from ..errors import MonarchNbError, RemoteError
+from ..calls import CallWatch
+from ..errors import CallInterrupted, Interrupted, MonarchNbError, RemoteError, format_ranks
 from ..session import Session, current_session
-from .args import HelpShown, MagicArgumentParser, dim_selector, key_value, positive_float, positive_int
+from .args import (HelpShown, MagicArgumentParser, dim_selector, key_value, non_negative_int, positive_float,
+                   positive_int)
 from . import notices
-from .html import cell_outputs_html, register_views, run_status_html
+from .html import MONARCH_VIEWS_HINT, cell_outputs_html, register_views, run_status_html, views_html
+from .progress import Progress, call_line
 from .slicing import validate_slice
 from .train_magics import TrainingCommands, add_training_commands
 
-SUBCOMMANDS = ("up", "status", "down", "replace", "kill", "train", "inject", "schedule", "scale", "wait", "check",
-               "stop", "dashboard")
+SUBCOMMANDS = ("up", "status", "down", "replace", "kill", "logs", "stacks", "debug", "train", "inject", "schedule",
+               "scale", "wait", "check", "stop", "dashboard")
 
 
 def _line_parser() -> MagicArgumentParser:
@@ -58,8 +61,40 @@ def _line_parser() -> MagicArgumentParser:
     kill.add_argument("--mesh", default=None)
     kill.add_argument("--rank", type=int, required=True)
     kill.add_argument("--signal", default="KILL", choices=["KILL", "SEGV", "TERM"])
+
+    logs = sub.add_parser("logs", help="the workers' output, the same line of many ranks once (Session.logs)",
+                          description="Every worker's stdout, stderr and logging, read from its log file (one per "
+                                      "mesh and rank). The same line from several ranks is shown once with a "
+                                      "count; the noise of a fault (gloo connection-closed tracebacks, flight "
+                                      "recorder notices) becomes one line. The full text stays in the files.")
+    _add_target(logs)
+    logs.add_argument("--grep", default=None, metavar="TEXT", help="only lines containing TEXT")
+    logs.add_argument("--tail", type=positive_int, default=40, metavar="N", help="the last N lines (default 40)")
+
+    stacks = sub.add_parser("stacks", help="every rank's Python stack, identical ones once (Session.stacks)",
+                            description="Python stacks read from outside the processes with py-spy (faulthandler "
+                                        "where py-spy may not attach): works on a rank that holds the GIL or waits "
+                                        "in a collective.")
+    _add_target(stacks)
+
+    debug = sub.add_parser("debug", help="post-mortem pdb on the last exception of a %%%%monarch cell on one rank",
+                           description="Opens pdb on the exception the last %%monarch cell raised on --rank "
+                                       "(p, pp, up, down, l, ll, w, args, q). With COMMANDs they run in order "
+                                       "(headless notebooks); without, pdb reads commands from the notebook's "
+                                       "input box until q.")
+    debug.add_argument("--rank", type=non_negative_int, required=True)
+    debug.add_argument("--mesh", default=None)
+    debug.add_argument("commands", nargs="*", metavar="COMMAND", help="pdb commands, e.g. 'p x' up l q")
     add_training_commands(sub)
     return parser
+
+
+def _add_target(parser: Any) -> None:
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument("--mesh", default=None, help="a mesh of the session")
+    where.add_argument("--replica", type=non_negative_int, default=None, metavar="R",
+                       help="replica group R of the fault-tolerant run")
+    parser.add_argument("--rank", type=non_negative_int, default=None, metavar="K", help="only rank K")
 
 
 def _cell_parser() -> MagicArgumentParser:
@@ -102,6 +137,11 @@ class MonarchMagics(Magics):
             return getattr(self, f"_cmd_{args.command}")(args)
         except HelpShown as shown:
             print(shown.args[0])
+        except (Interrupted, CallInterrupted):
+            raise
+        except KeyboardInterrupt:
+            what = "%%monarch" if cell is not None else f"%monarch {line.strip()}"
+            raise Interrupted(f"{what}: stopped waiting; nothing on the workers was stopped") from None
         except MonarchNbError as exc:
             if isinstance(exc, RemoteError):
                 raise
@@ -123,6 +163,62 @@ class MonarchMagics(Magics):
         run = self.training.run
         if run is not None and not run.stopped:
             display(HTML(run_status_html(run.run_id, run.status())))
+        lighthouse = run.lighthouse.address if run is not None and not run.stopped and run.lighthouse else None
+        views = self.session.views()
+        display({"text/plain": _views_text(lighthouse, views), "text/html": views_html(lighthouse, views)}, raw=True)
+
+    def _cmd_logs(self, args: Any) -> None:
+        run = self.training.run
+        if args.replica is not None:
+            view = self.training.current().logs(args.replica, args.rank, args.grep, args.tail)
+        elif args.mesh is None and run is not None:
+            view = run.logs(None, args.rank, args.grep, args.tail)
+        else:
+            view = self.session.logs(args.mesh, args.rank, args.grep, args.tail)
+        print(view.text())
+
+    def _cmd_stacks(self, args: Any) -> None:
+        from ..stacks import grouped
+
+        ranks = [args.rank] if args.rank is not None else None
+        if args.replica is not None:
+            stacks = self.training.current().stacks(args.replica, ranks)
+        else:
+            stacks = self.session.stacks(args.mesh, ranks)
+        for labels, stack in grouped(stacks):
+            head = ", ".join(labels)
+            how = f" (pid {stack.pid}, {stack.how})" if stack.how != "unavailable" else ""
+            print(f"=== {head}{how}" + (f"  [{len(labels)} ranks, same stack]" if len(labels) > 1 else ""))
+            print(stack.text.rstrip("\n"))
+
+    def _cmd_debug(self, args: Any) -> None:
+        from IPython.core.error import StdinNotImplementedError
+
+        reply = self.session.debug(args.mesh, args.rank)
+        print(f"post-mortem of rank {args.rank}: " + reply.output.rstrip("\n"))
+        for command in args.commands:
+            print(f"(Pdb) {command}")
+            reply = self.session.debug(args.mesh, args.rank, command)
+            if reply.output.strip():
+                print(reply.output.rstrip("\n"))
+            if reply.done:
+                return
+        if args.commands:
+            return
+        while True:
+            try:
+                command = input("(Pdb) ")
+            except StdinNotImplementedError:
+                print("this frontend cannot read input; give the commands on the line, e.g. "
+                      f"%monarch debug --rank {args.rank} 'p x' up l q")
+                return
+            except EOFError:
+                return
+            reply = self.session.debug(args.mesh, args.rank, command)
+            if reply.output.strip():
+                print(reply.output.rstrip("\n"))
+            if reply.done:
+                return
 
     def _cmd_down(self, args: Any) -> None:
         names = [args.name] if args.name else list(self.session.meshes)
@@ -172,23 +268,57 @@ class MonarchMagics(Magics):
         handle = self.session.mesh(args.mesh)
         selectors = validate_slice(handle.name, handle.shape, dict(args.on))
         agent = handle.agent.slice(**selectors) if selectors else handle.agent
-        view = self.session.deadline(agent, args.timeout)
-        result = view.run_cell.gather(code)
-        # Key by the mesh's global rank (the agent may have been reached through a slice).
-        outputs = [dataclasses.replace(out, rank=rank) for rank, out in result.values.items()]
-        for rank, err in result.errors.items():  # the agent itself failed (not the user's code)
-            from ..agent import CellOutput
-
-            outputs.append(CellOutput(rank=rank, error=f"{type(err).__name__}: {err}"))
-        coords = {p.rank: p.label for p in handle.procs}
-        display({"text/plain": _cell_text(outputs, result.missing, coords),
-                 "text/html": cell_outputs_html(outputs, result.missing, coords)}, raw=True)
+        watch = CallWatch()
+        # Ctrl-C: the cell stops on the workers too (the agent's interrupt), the mesh stays up.
+        view = self.session.deadline(agent, args.timeout, on_interrupt=lambda: agent.interrupt.broadcast(),
+                                     watch=watch)
+        try:
+            with Progress(lambda: call_line(watch)):
+                result = view.run_cell.gather(code, None, _cell_name(self.shell))
+        except CallInterrupted as exc:
+            self._show_cell(handle, exc.result)
+            stopped = sorted(r for r, out in exc.result.values.items() if out.interrupted)
+            late = sorted(set(exc.result.missing) - set(handle.failed_ranks))
+            still = (f"; ranks {format_ranks(late)} did not stop within 1 s (blocked in native code?) and finish "
+                     "the cell on their own") if late else ""
+            raise Interrupted(f"%%monarch on mesh {handle.name!r} interrupted: the cell stopped on ranks "
+                              f"{format_ranks(stopped)}{still}; the mesh is up for the next cell") from None
+        outputs = self._show_cell(handle, result)
         failed = sorted([o.rank for o in outputs if o.error] + result.missing)
         if failed and not args.ignore_errors:
             errors = {o.rank: RuntimeError(o.error) for o in outputs if o.error}
             errors.update({r: TimeoutError("no answer") for r in result.missing})
             raise RemoteError(f"%%monarch on mesh {handle.name!r}", errors,
                               {o.rank: o.result for o in outputs if not o.error})
+
+
+    def _show_cell(self, handle: Any, result: Any) -> list:
+        """Each rank's output of a cell (keyed by the mesh's global rank: the agent may have
+        been reached through a slice); returns the outputs."""
+        from ..agent import CellOutput
+
+        outputs = [dataclasses.replace(out, rank=rank) for rank, out in result.values.items()]
+        for rank, err in result.errors.items():  # the agent itself failed (not the user's code)
+            outputs.append(CellOutput(rank=rank, error=f"{type(err).__name__}: {err}"))
+        coords = {p.rank: p.label for p in handle.procs}
+        display({"text/plain": _cell_text(outputs, result.missing, coords),
+                 "text/html": cell_outputs_html(outputs, result.missing, coords)}, raw=True)
+        return outputs
+
+
+def _cell_name(shell: Any) -> str | None:
+    """``In [12]``: what tracebacks and pdb call the cell's code, the same on every rank."""
+    count = getattr(shell, "execution_count", None)
+    return f"In [{count}]" if isinstance(count, int) else None
+
+
+def _views_text(lighthouse: str | None, views: dict[str, dict[str, str]]) -> str:
+    lines = [f"torchft Lighthouse status page: {lighthouse}"] if lighthouse else []
+    for mesh, urls in views.items():
+        lines += [f"mesh {mesh}: Monarch {kind} {url}" for kind, url in urls.items()]
+    if not views:
+        lines.append(MONARCH_VIEWS_HINT)
+    return "\n".join(lines)
 
 
 def _job_of(args: Any) -> Any:

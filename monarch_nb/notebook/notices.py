@@ -65,7 +65,8 @@ class FailureNotices:
 
 
 def show_failure(event: Any) -> None:
-    text = f"monarch: mesh {event.mesh!r} rank {event.rank} failed: {event.reason}"
+    text = (f"monarch: mesh {event.mesh!r} rank {event.rank} failed: {event.reason} "
+            f"(what the workers wrote: %monarch logs --mesh {event.mesh})")
     display({"text/plain": text, "text/html": failure_html(event.mesh, event.rank, event.reason)}, raw=True)
 
 

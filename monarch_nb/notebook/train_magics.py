@@ -17,8 +17,10 @@ from typing import Any
 
 from IPython.core.error import UsageError
 
+from ..errors import Interrupted
 from ..ft.faults import CLUSTER_KINDS, FaultKind
 from .args import non_negative_int, positive_float, positive_int
+from .progress import Line, Progress
 
 FAULT_KINDS = tuple(k.value for k in FaultKind)
 WAIT_USAGE = ("usage: %monarch wait rejoin [--replica R] [--timeout S]\n"
@@ -161,12 +163,22 @@ class TrainingCommands:
     def _started(self, run: Any, args: argparse.Namespace, shell: Any, how: str) -> Any:
         config = run.config
         self.run = run
-        run.start()
-        if not args.no_wait:
-            first = run.resume_from.step + 1 if run.resume_from is not None else 1
-            run.wait_for_step(first, timeout=config.init_timeout_s)
+        try:
+            with Progress(lambda: groups_line(run, "replica groups training")):
+                run.start()
+        except KeyboardInterrupt:  # start() stops what it had started before it re-raises
+            raise Interrupted(f"%monarch train: interrupted while the groups were starting; run {run.run_id} "
+                              "was stopped and left no process behind") from None
         if shell is not None:
             shell.user_ns["run"] = run
+        if not args.no_wait:
+            first = run.resume_from.step + 1 if run.resume_from is not None else 1
+            try:
+                with Progress(lambda: step_line(run, first)):
+                    run.wait_for_step(first, timeout=config.init_timeout_s)
+            except KeyboardInterrupt:
+                raise Interrupted(f"%monarch train: stopped waiting for step {first}; run {run.run_id} keeps "
+                                  "training as `run` (%monarch status, %monarch stop)") from None
         print(f"run {run.run_id}{how}: {config.replicas} replica groups x {config.group_size} "
               f"process(es); events in {run.run_dir / 'events.jsonl'}; the run is `run` in this notebook")
         return run
@@ -216,7 +228,8 @@ class TrainingCommands:
                                  f"{', '.join(map(str, active)) or 'none'}\n\n{WAIT_USAGE}")
         if args.target == "rejoin":
             try:
-                events = wait_for_rejoin(run, replica=args.replica, timeout=args.timeout)
+                with Progress(lambda: groups_line(run, "replica groups training")):
+                    events = wait_for_rejoin(run, replica=args.replica, timeout=args.timeout)
             except (ValueError, TimeoutError, RuntimeError) as exc:
                 raise UsageError(f"wait rejoin: {exc}") from None
             for e in events:
@@ -231,7 +244,8 @@ class TrainingCommands:
         want = [args.replica] if args.replica is not None else sorted(g.index for g in groups)
         t0 = time.monotonic()
         try:
-            run.wait_for_step(args.step, replicas=want, timeout=args.timeout)
+            with Progress(lambda: step_line(run, args.step, want)):
+                run.wait_for_step(args.step, replicas=want, timeout=args.timeout)
         except TimeoutError:
             status = run.status()
             behind = [r for r in want if status.get(r, {}).get("step", 0) < args.step]
@@ -248,7 +262,8 @@ class TrainingCommands:
 
         run = self.current()
         try:
-            event = require_identical(run, timeout=args.timeout)
+            with Progress(lambda: groups_line(run, "groups training (the check waits for a common step)")):
+                event = require_identical(run, timeout=args.timeout)
         except (RuntimeError, TimeoutError) as exc:  # ReplicasDiffer is a RuntimeError
             raise UsageError(f"check: {exc}") from None
         print(f"replicas bit-identical at step {event.step} ({len(event.hashes)} ranks)")
@@ -260,6 +275,25 @@ class TrainingCommands:
 
     def dashboard(self) -> Any:
         return self.current().dashboard()
+
+
+def groups_line(run: Any, what: str) -> Line:
+    """Progress of a wait on the groups: how many train, and what the others are doing."""
+    status = {k: v for k, v in run.status().items() if isinstance(k, int) and v.get("state") not in
+              ("retired", "retiring", "gave_up")}
+    training = [k for k, v in status.items() if v.get("state") == "training"]
+    others = ", ".join(f"replica{k} {v.get('state')}" for k, v in sorted(status.items()) if k not in training)
+    return Line(len(training), len(status), what + (f"; {others}" if others else ""))
+
+
+def step_line(run: Any, step: int, replicas: list[int] | None = None) -> Line:
+    """Progress of a wait for a step: groups that committed it, and where the others are."""
+    status = run.status()
+    want = replicas if replicas is not None else [k for k in status if isinstance(k, int)]
+    steps = {r: status.get(r, {}).get("step", 0) or 0 for r in want}
+    behind = ", ".join(f"replica{r} at {s}" for r, s in sorted(steps.items()) if s < step)
+    return Line(sum(1 for s in steps.values() if s >= step), len(want),
+                f"groups committed step {step}" + (f"; {behind}" if behind else ""))
 
 
 def _groups(replicas: list[int], every: bool = False) -> str:

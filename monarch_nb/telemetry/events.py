@@ -198,6 +198,15 @@ class LighthouseFailed(Event):
 
 
 @dataclass(frozen=True, kw_only=True)
+class LighthouseStarted(Event):
+    """The run's torchft Lighthouse is up; ``address`` is also its status page (quorum, heartbeats)."""
+
+    kind: ClassVar[str] = "lighthouse_started"
+    address: str
+    pid: int | None
+
+
+@dataclass(frozen=True, kw_only=True)
 class LighthouseRestarted(Event):
     kind: ClassVar[str] = "lighthouse_restarted"
     address: str
@@ -265,6 +274,7 @@ class FailureDetected(Event):
     reason: str
     detection_s: float | None = None
     source: str | None = None
+    stack: str | None = None  # a hang: the stuck rank's Python stack, read before it was killed
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -47,7 +47,8 @@ FAILED_THEN_HEALTHY = """
 """
 
 
-def _follow_a_kill(notebook, name: str, artifact: str, timeout_s: float, params: dict | None = None) -> dict:
+def _follow_a_kill(notebook, name: str, artifact: str, timeout_s: float, params: dict | None = None,
+                   worker_logs: bool = False) -> dict:
     nb = notebook(name, params=params)
     nb.run_all(timeout_ms=int(timeout_s * 1000))
     kernels = nb.lab.kernel_processes()
@@ -114,6 +115,16 @@ def _follow_a_kill(notebook, name: str, artifact: str, timeout_s: float, params:
     # The Jupyter server drops iopub traffic above 1000 msg/s; we stay far below.
     assert metrics["ws_frames_peak_1s"] < 200, metrics
 
+    if worker_logs:
+        # The log panel shows the workers' lines folded: a line many ranks (or one rank, step
+        # after step) wrote is one line with a count.
+        folded = nb.page.wait_for_function(
+            "() => { const f = Array.from(document.querySelectorAll('.mnb-logs .mnb-log-line'))"
+            ".filter(l => Number(l.dataset.count) > 1).map(l => l.textContent); return f.length ? f : null; }",
+            timeout=30_000).json_value()
+        assert folded and all("[x " in line or " ranks" in line or ", " in line for line in folded), folded
+        assert nb.page.locator(".mnb-header a.mnb-lighthouse").count() == 1
+
     # The Stop button stops the run from the browser (and leaves no training processes behind).
     nb.page.locator(".mnb-controls button", has_text="Stop run").click()
     nb.page.wait_for_selector(".mnb-header[data-status='stopped']", timeout=60_000)
@@ -130,4 +141,5 @@ def test_replayed_run_moves_the_dashboard_while_no_cell_runs(notebook):
 
 def test_real_run_moves_the_dashboard_while_no_cell_runs(notebook):
     """notebooks/03_dashboard.ipynb: a real FTRun (2 groups here, to stay fast), a real SIGKILL."""
-    _follow_a_kill(notebook, "03_dashboard.ipynb", "dashboard_real_run", timeout_s=300, params={"replicas": 2})
+    _follow_a_kill(notebook, "03_dashboard.ipynb", "dashboard_real_run", timeout_s=300, params={"replicas": 2},
+                   worker_logs=True)
