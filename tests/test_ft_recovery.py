@@ -110,8 +110,9 @@ def test_victim_respawns_and_heals_from_a_peer_not_from_disk(ft, kind):
     assert healed.bytes > 1_000_000  # parameters + Adam state of the 6M-parameter model
     assert healed.source_replica in {0, 1, 2} - {out.victim}
     assert out.rejoined.step > healed.step - 1
-    # No checkpoint anywhere: the run directory holds only the logs.
-    assert {p.name for p in run.run_dir.iterdir()} <= {"events.jsonl", "faults.jsonl"}
+    # No checkpoint anywhere: the run directory holds only the event logs and the workers' log files.
+    assert {p.name for p in run.run_dir.iterdir()} <= {"events.jsonl", "faults.jsonl", "logs"}
+    assert all(p.suffix == ".log" for p in (run.run_dir / "logs").iterdir())
 
 
 @pytest.mark.parametrize("kind", KINDS)
