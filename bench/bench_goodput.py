@@ -68,6 +68,14 @@ def young_daly_k(save_cost: float, mtbf: float, step_time: float) -> int:
     return max(1, round(math.sqrt(2 * save_cost * mtbf) / step_time))
 
 
+def useful_tokens(steps: list, config: RunConfig, until_t: float) -> int:
+    """Tokens of the committed group-steps up to ``until_t``, each (group, step) once: work a
+    restart threw away and redid counts one time, and a step committed by fewer live groups
+    counts fewer tokens."""
+    done = {(e.replica, e.step) for e in steps if e.t <= until_t}
+    return len(done) * config.seq_len * config.batch_size * config.group_size
+
+
 def run_arm(arm: str, config: RunConfig, a: argparse.Namespace, period: float) -> dict:
     run = FTRun(config)
     faults: list[float] = []
@@ -106,10 +114,7 @@ def run_arm(arm: str, config: RunConfig, a: argparse.Namespace, period: float) -
     history = run.history()
     steps = history.steps()
     wall = done.t - first.t
-    tokens = sum(config.seq_len * config.batch_size * config.group_size for e in steps if e.t <= done.t)
-    committed_per_step: dict[int, int] = {}
-    for e in steps:
-        committed_per_step[e.step] = committed_per_step.get(e.step, 0) + 1
+    tokens = useful_tokens(steps, config, done.t)
     lost = sum(e.lost_steps for e in run.events.events("restarted_from_checkpoint"))
     redone = sum(1 for e in run.events.events("resumed"))
     restarts = run.events.events("restarted_from_checkpoint")

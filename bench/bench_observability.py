@@ -27,17 +27,20 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from kernel_client import run_in_kernel  # noqa: E402
 
 SLEEP_CELL = "%%monarch\nimport time\ntime.sleep(120)"
+# The cell returns first (its reply needs the GIL), then its thread takes the GIL for 60 s.
 HOLD_GIL = ("%%monarch --on gpus=0\nimport ctypes, threading\n"
-            "def hold_the_gil():\n    libc = ctypes.PyDLL(None); libc.sleep.argtypes = [ctypes.c_uint]; libc.sleep(60)\n"
+            "def hold_the_gil():\n    threading.Event().wait(1.0)\n"
+            "    libc = ctypes.PyDLL(None); libc.sleep.argtypes = [ctypes.c_uint]; libc.sleep(60)\n"
             "threading.Thread(target=hold_the_gil, daemon=True).start()")
 
 
-def timed(client, code: str) -> float:
+def timed(client, code: str, expect: str | None = None) -> float:
     t0 = time.monotonic()
     status, out = run_in_kernel(client, code, timeout=180)
-    if status != "ok":
-        raise RuntimeError(out[-2000:])
-    return time.monotonic() - t0
+    took = time.monotonic() - t0
+    if status != "ok" or (expect and expect not in out):
+        raise RuntimeError(f"expected {expect!r}: {out[-2000:]}")
+    return took
 
 
 def interrupt_once(km, client, after_s: float = 2.0) -> float:
@@ -92,11 +95,11 @@ def main() -> None:
         timed(client, "%%monarch\nrank")  # the mesh still answers
         idle = [timed(client, "%monarch stacks") for _ in range(args.repeats)]
         timed(client, HOLD_GIL)
-        time.sleep(1.0)  # let the thread take the GIL (a bench, not a test: nothing to wait on)
-        gil = [timed(client, "%monarch stacks --rank 0") for _ in range(args.repeats)]
+        time.sleep(2.0)  # let the thread take the GIL (a bench, not a test: nothing to wait on)
+        gil = [timed(client, "%monarch stacks --rank 0", expect="hold_the_gil") for _ in range(args.repeats)]
         fallback = [timed(client, "import monarch_nb.stacks as _st\n_real = _st._py_spy\n_st._py_spy = lambda: None\n"
-                                  "try:\n    monarch_nb.current_session().stacks('main', [0])\n"
-                                  "finally:\n    _st._py_spy = _real") for _ in range(args.repeats)]
+                                  "try:\n    (_s,) = monarch_nb.current_session().stacks('main', [0])\n    print(_s.how, _s.text)\n"
+                                  "finally:\n    _st._py_spy = _real", expect="faulthandler") for _ in range(args.repeats)]
     finally:
         client.stop_channels()
         km.shutdown_kernel(now=True)

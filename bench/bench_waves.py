@@ -36,7 +36,9 @@ def run_once(steps: int, replicas: int, faults: bool, a: argparse.Namespace) -> 
             run.schedule(every=a.every, kinds=["comms"], at_once=a.at_once, seed=0)
         run.wait_for(lambda e: e.kind == "replica_state" and e.state == "finished", timeout=a.timeout)
         run.stop_schedule()
-        run.wait_for_step(steps, timeout=a.timeout)
+        for r in range(replicas):  # a group out when the others finished ends too (no peer left)
+            run.wait_for(lambda e, r=r: e.kind == "replica_state" and e.state == "finished" and e.replica == r,
+                         timeout=a.timeout)
     finally:
         run.stop()
     return run

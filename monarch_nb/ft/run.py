@@ -423,6 +423,7 @@ class FTRun:
         self._lighthouse_stop.set()
         if self.supervisor is not None:
             self.supervisor.stop(timeout=STOP_TIMEOUT_S)
+            self.supervisor.finish_saves(timeout=STOP_TIMEOUT_S)
         if self._unsubscribe is not None:
             self._unsubscribe()
         if self._session is not None and self.supervisor is not None:

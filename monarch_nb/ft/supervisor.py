@@ -255,6 +255,8 @@ class Supervisor:
                 return
             if self._restarting.is_set():  # every group is being restarted from disk by one thread
                 continue
+            if g.state == HEALING and self._finish_if_run_is_over(g):
+                return
             try:
                 failure = self.check(g)
                 if failure is not None and not self.stopping.is_set() and g.state not in TERMINAL:
@@ -306,6 +308,22 @@ class Supervisor:
             return Failure(f"hang: no answer from ranks {result.missing} for {now - g.last_answer:.1f} s",
                            result.missing[0], t, "hang", stack=self.stack_of(g, result.missing[0]))
         return None
+
+    def _finish_if_run_is_over(self, g: ReplicaGroup) -> bool:
+        """The other groups trained to the run's last step and stopped while ``g`` was out: no
+        peer is left to heal from and nothing is left to train, so waiting for a quorum would
+        go on for ever. ``g`` ends as finished (its processes stopped), and says why."""
+        others = [h for h in self.groups if h is not g]
+        if (self.config.steps is None or not any(h.state == FINISHED for h in others)
+                or any(h.state in (TRAINING, STARTING) for h in others)):
+            return False
+        try:
+            self.session.down(g.name, kill=True)
+        except Exception as exc:
+            log.debug("stopping %s: %s", g.name, exc)
+        self.set_state(g, FINISHED, f"the run reached step {self.config.steps} while this group was out; "
+                                    "its peers hold the final state")
+        return True
 
     def stack_of(self, g: ReplicaGroup, rank: int) -> str:
         """Where a silent rank is stuck, read from outside (it cannot answer); kept with the
@@ -418,6 +436,8 @@ class Supervisor:
                 self._emit(GaveUp(replica=g.index, attempts=g.in_a_row))
                 self.set_state(g, GAVE_UP, f"after {g.in_a_row} attempts in a row")
                 return
+            if self._finish_if_run_is_over(g):
+                return
             g.in_a_row += 1  # reset when the group rejoins: a cause that persists backs off
             delay = policy.wait_before(g.in_a_row)
             if delay:
@@ -490,6 +510,29 @@ class Supervisor:
             log.debug("stopping retired %s: %s", g.name, exc)
 
     # ---- stopping ----------------------------------------------------------------------
+
+    def finish_saves(self, timeout: float = 3.0) -> None:
+        """Before a stop: every training group ends its step and completes a durable save still
+        writing, so the newest checkpoint of a stopped run is complete (a torn one would be
+        skipped on resume, losing up to ``checkpoint_every`` steps); then its last events are
+        read. Groups in parallel, bounded by ``timeout``."""
+        if not self.config.checkpoint_every:
+            return
+        groups = [g for g in self.groups if g.state in (TRAINING, FINISHED)]
+
+        def finish(g: ReplicaGroup) -> None:
+            try:
+                self.call(g, "finish", timeout, timeout=timeout + 1.0)
+                self.poll(g, 0.5)
+            except Exception as exc:
+                log.debug("finishing %s: %s", g.name, exc)
+
+        threads = [threading.Thread(target=finish, args=(g,), daemon=True) for g in groups]
+        for t in threads:
+            t.start()
+        deadline = time.monotonic() + timeout + 2.0
+        for t in threads:
+            t.join(max(0.0, deadline - time.monotonic()))
 
     def stop(self, timeout: float = 3.0) -> None:
         """Stop watching: every thread gets ``timeout`` in all (a respawn in progress notices
