@@ -97,7 +97,7 @@ def main() -> None:
         timed(client, HOLD_GIL)
         time.sleep(2.0)  # let the thread take the GIL (a bench, not a test: nothing to wait on)
         gil = [timed(client, "%monarch stacks --rank 0", expect="hold_the_gil") for _ in range(args.repeats)]
-        fallback = [timed(client, "import monarch_nb.stacks as _st\n_real = _st._py_spy\n_st._py_spy = lambda: None\n"
+        fallback = [timed(client, "import monarch_nb, monarch_nb.stacks as _st\n_real = _st._py_spy\n_st._py_spy = lambda: None\n"
                                   "try:\n    (_s,) = monarch_nb.current_session().stacks('main', [0])\n    print(_s.how, _s.text)\n"
                                   "finally:\n    _st._py_spy = _real", expect="faulthandler") for _ in range(args.repeats)]
     finally:

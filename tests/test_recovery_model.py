@@ -107,6 +107,21 @@ def test_a_failure_before_the_rejoin_ends_the_recovery_and_starts_another():
     assert recs[1].fault is None and recs[1].reason == "crashed while healing"
 
 
+def test_a_fault_aimed_at_a_later_step_does_not_take_the_rejoin_of_the_recovery_before_it():
+    # Seen in the soak: the group healed and committed step 51, a segfault aimed at step 53 was
+    # injected, and only then did the controller record the rejoin at step 51.
+    first = [e for e in recovery(1, at=T + 10) if not isinstance(e, Rejoined)]
+    late = [FaultInjected(t=T + 13.4, fault="segfault", replica=1, rank=0, step=53),
+            FailureDetected(t=T + 13.45, replica=1, rank=0, reason="Killed(sig=11)", detection_s=0.05),
+            Rejoined(t=T + 13.5, replica=1, step=51, seconds_since_failure=3.5)]
+    recs = tracked(first + late)
+    assert [r.status for r in recs] == ["recovered", "respawning"]
+    assert recs[0].rejoined_step == 51 and recs[1].fault == "segfault" and recs[1].reason == "Killed(sig=11)"
+    # a rejoin at or past the new fault's step is the new recovery's (it cannot be the old one's)
+    recs = tracked(first + [FaultInjected(t=T + 13.4, fault="kill", replica=1, rank=0, step=51)] + recovery(1, at=T + 20)[1:])
+    assert [r.status for r in recs] == ["failed again", "recovered"]
+
+
 def test_a_respawn_that_fails_stays_in_the_same_recovery_until_the_policy_gives_up():
     evs = recovery(2, at=T + 10)[:3] + [
         FailureDetected(t=T + 12, replica=2, rank=None, reason="respawn failed: boom"),

@@ -168,6 +168,11 @@ class RecoveryTracker:
     def __init__(self) -> None:
         self.recoveries: list[Recovery] = []
         self._open: dict[int, Recovery] = {}
+        # A fault injected into a group still recovering ends that recovery as "failed again";
+        # kept here with the step the fault was aimed at, because the group may have committed
+        # an earlier step first (its Rejoined event, recorded by the controller, then arrives
+        # after the injection): that rejoin belongs to the earlier recovery.
+        self._superseded: dict[int, tuple[Recovery, int]] = {}
 
     def apply_all(self, events: Iterable[Event]) -> None:
         for e in events:
@@ -203,6 +208,8 @@ class RecoveryTracker:
             if rec is not None:
                 rec.failed_again = True
                 self._close(rec)
+                if e.step is not None:
+                    self._superseded[replica] = (rec, e.step)
             rec = self._start(replica)
             rec.fault, rec.rank, rec.injected_t, rec.injections = e.fault, e.rank, e.t, 1
             return rec
@@ -232,6 +239,12 @@ class RecoveryTracker:
             rec.healed_t, rec.heal_s, rec.heal_bytes = e.t, e.seconds, e.bytes
             rec.heal_step, rec.heal_source = e.step, e.source_replica
         elif isinstance(e, Rejoined):
+            earlier = self._superseded.pop(replica, None)
+            if earlier is not None and e.step < earlier[1]:
+                # committed before the new fault's step: the earlier recovery did end in a rejoin
+                prev = earlier[0]
+                prev.failed_again, prev.rejoined_t, prev.rejoined_step = False, e.t, e.step
+                return prev
             rec.rejoined_t, rec.rejoined_step = e.t, e.step
             self._close(rec)
         elif isinstance(e, GaveUp):
