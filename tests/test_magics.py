@@ -116,6 +116,12 @@ def test_bad_line_arguments_raise_usage_error_with_usage(shell, line, expected):
         shell.run_line_magic("monarch", line)
     assert expected in str(err.value)
     assert "usage:" in str(err.value)
+    # the usage shown is that of the subcommand given (not the list of every subcommand)
+    first = (line.split() or [""])[0]
+    if first not in ("", "launch"):  # not a subcommand: the list of them is the usage
+        words = line.split()[:2]
+        sub = " ".join(words if first == "wait" and words[1:] in (["rejoin"], ["step"]) else words[:1])
+        assert f"usage: %monarch {sub} " in str(err.value), str(err.value)[:300]
 
 
 @pytest.mark.parametrize("line, expected", [

@@ -19,8 +19,11 @@ class MagicArgumentParser(argparse.ArgumentParser):
         kwargs.setdefault("exit_on_error", False)
         super().__init__(*args, **kwargs)
 
+    _argv: list[str] | None = None  # the line being parsed (set on the top-level parser)
+
     def error(self, message: str) -> NoReturn:
-        raise UsageError(f"{self.prog}: {message}\n\n{self.format_help()}")
+        target = self._parser_for(self._argv) if self._argv else self
+        raise UsageError(f"{target.prog}: {message}\n\n{target.format_help()}")
 
     def exit(self, status: int = 0, message: str | None = None) -> NoReturn:
         if status:
@@ -34,11 +37,34 @@ class MagicArgumentParser(argparse.ArgumentParser):
         try:
             argv = shlex.split(line)
         except ValueError as exc:
-            raise UsageError(f"{self.prog}: cannot parse arguments ({exc})\n\n{self.format_usage()}") from None
+            words = line.split()
+            usage = self._parser_for(words[:1]).format_usage()
+            raise UsageError(f"{self.prog}: cannot parse arguments ({exc})\n\n{usage}") from None
+        self._argv = argv
         try:
             return self.parse_args(argv)
         except argparse.ArgumentError as exc:
             self.error(str(exc))
+        finally:
+            self._argv = None
+
+    def usage_for(self, line: str) -> str:
+        """The usage of the subcommand named in ``line`` (for errors found after parsing)."""
+        try:
+            return self._parser_for(shlex.split(line)).format_usage()
+        except ValueError:
+            return self.format_usage()
+
+    def _parser_for(self, argv: list[str]) -> argparse.ArgumentParser:
+        """The parser of the subcommand named in ``argv`` (``%monarch train ...``), so that an
+        error shows that subcommand's usage rather than the list of all subcommands."""
+        parser: argparse.ArgumentParser = self
+        for word in argv:
+            subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+            if not subs or word not in subs[0].choices:
+                break
+            parser = subs[0].choices[word]
+        return parser
 
 
 def positive_int(text: str) -> int:

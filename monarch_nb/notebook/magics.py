@@ -145,10 +145,10 @@ class MonarchMagics(Magics):
         except MonarchNbError as exc:
             if isinstance(exc, RemoteError):
                 raise
-            parser = self._cell if cell is not None else self._line
-            raise UsageError(f"{exc}\n\n{parser.format_usage()}") from None
+            usage = self._cell.format_usage() if cell is not None else self._line.usage_for(line)
+            raise UsageError(f"{exc}\n\n{usage}") from None
         except ValueError as exc:
-            raise UsageError(f"{exc}\n\n{self._line.format_usage()}") from None
+            raise UsageError(f"{exc}\n\n{self._line.usage_for(line)}") from None
 
     # ---- line commands -----------------------------------------------------------------
 
