@@ -83,6 +83,7 @@ def record(rec, label: str, transport: str, median_step: float | None) -> dict:
 def one_run(kinds: list[str], repeats: int, spares: int, transport: str, a: argparse.Namespace) -> tuple[list, list]:
     label = f"spares={spares} transport={transport}"
     cfg = RunConfig(replicas=a.replicas, group_size=a.group_size, spares=spares, heal_transport=transport,
+                    backend=a.backend,
                     job=a.job, run_name=f"bench-recovery-{time.strftime('%Y%m%d-%H%M%S')}-s{spares}-{transport}")
     run = FTRun(cfg)
     failures: list[str] = []
@@ -151,6 +152,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--spares", type=int, default=1, help="also measure a run with this many warm spares (0: only without)")
     p.add_argument("--transports", default="http", help="heal transports to compare, e.g. http,pg")
     p.add_argument("--replicas", type=int, default=3)
+    p.add_argument("--backend", default=None, choices=["gloo", "nccl"],
+                   help="collective backend (default: nccl on GPUs; gloo for several groups on one GPU)")
     p.add_argument("--group-size", type=int, default=1)
     p.add_argument("--job", default="local", choices=["local", "slurm"])
     p.add_argument("--hang-s", type=float, default=30.0)

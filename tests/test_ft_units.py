@@ -10,6 +10,7 @@ import pytest
 
 from monarch_nb.ft import Fault, FaultKind, FaultSchedule, RestartPolicy, RunConfig, open_run, select_platform
 from monarch_nb.ft.run import FTRun
+from monarch_nb.ft.platform import check_gpu_sharing
 from monarch_nb.telemetry import EventStore
 from monarch_nb.telemetry.events import (
     FailureDetected,
@@ -145,6 +146,26 @@ def test_platform_rejects_a_gpu_platform_on_a_cpu_machine():
     with pytest.raises(ValueError, match="^platform: 'cuda' requested but this machine has no GPU"):
         select_platform("cuda", torch_module=_fake_torch(False, None))
     assert select_platform("auto", backend="gloo", torch_module=_fake_torch(True, None)).backend == "gloo"
+
+
+def test_groups_sharing_a_host_need_a_gpu_per_rank_with_nccl_mocked_gpu_count():
+    nccl = select_platform("auto", torch_module=_fake_torch(True, None))
+    with pytest.raises(ValueError, match=r"^backend: nccl cannot put two ranks .* 3 groups .* need 3 GPUs; this host "
+                                         r"has 1\. Use backend='gloo' \(%monarch train --backend gloo"):
+        check_gpu_sharing(nccl, groups=3, group_size=1, devices=1)
+    check_gpu_sharing(nccl, groups=4, group_size=2, devices=8)  # one GPU per rank: fine
+    gloo = select_platform("auto", backend="gloo", torch_module=_fake_torch(True, None))
+    check_gpu_sharing(gloo, groups=3, group_size=1, devices=1)  # gloo shares a GPU
+    check_gpu_sharing(select_platform("cpu"), groups=3, group_size=1, devices=0)
+
+
+def test_groups_on_one_host_take_gpus_one_after_another():
+    import torch
+
+    cuda = select_platform("auto", torch_module=_fake_torch(True, None))
+    count = max(1, torch.cuda.device_count())  # a CPU host: everything wraps to device 0
+    assert [cuda.device(i).index for i in range(3)] == [i % count for i in range(3)]
+    assert select_platform("cpu").device(5) == torch.device("cpu")
 
 
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="CPU-host check: this host has a GPU")

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 PLATFORMS = ("auto", "cpu", "cuda", "rocm")
+DEVICE_SLOT_ENV = "MONARCH_NB_DEVICE_SLOT"  # which group's GPUs a process takes on a shared host
 
 
 @dataclass(frozen=True)
@@ -21,12 +22,14 @@ class Platform:
     device_type: str  # torch device type: "cpu" or "cuda" (ROCm uses the cuda API)
     backend: str  # torch.distributed / torchft process group backend: "gloo" or "nccl"
 
-    def device(self, local_rank: int = 0) -> Any:
+    def device(self, index: int = 0) -> Any:
+        """The device of the process in slot ``index`` on its host (groups on one host get GPUs
+        one after another; more slots than GPUs wrap around)."""
         import torch
 
         if self.device_type == "cpu":
             return torch.device("cpu")
-        return torch.device(self.device_type, local_rank)
+        return torch.device(self.device_type, index % max(1, torch.cuda.device_count()))
 
     def describe(self) -> str:
         extra = " (RCCL)" if self.name == "rocm" else ""
@@ -67,3 +70,18 @@ def select_platform(requested: str = "auto", *, backend: str | None = None, torc
     if backend == "gloo":
         return Platform(name, "cuda", "gloo")
     return Platform(name, "cuda", "nccl")
+
+
+def check_gpu_sharing(platform: Platform, groups: int, group_size: int, devices: int) -> None:
+    """NCCL refuses two ranks of one communicator on the same GPU ("Duplicate GPU detected").
+    The cross-replica communicator holds rank k of every group, so groups that share a host
+    need a GPU each per rank. Raise, naming the numbers and the ways out, before anything starts."""
+    if platform.device_type == "cpu" or platform.backend != "nccl":
+        return
+    need = groups * group_size
+    if need > devices:
+        raise ValueError(
+            f"backend: nccl cannot put two ranks of one communicator on the same GPU, and {groups} groups "
+            f"(spares included) x {group_size} process(es) on this host need {need} GPUs; this host has {devices}. "
+            "Use backend='gloo' (%monarch train --backend gloo: GPU tensors, gloo collectives), fewer groups, "
+            "or a cluster (job='slurm': one node per group)")

@@ -35,7 +35,7 @@ from typing import Any, Callable
 
 from .. import seam
 from .durable import tensor_bytes as _tensor_bytes
-from .platform import Platform, select_platform
+from .platform import DEVICE_SLOT_ENV, Platform, select_platform
 
 
 def _is_loopback(host: str) -> bool:
@@ -110,7 +110,10 @@ class ReplicaTrainer:
 
         torch.set_num_threads(int(cfg.get("threads_per_proc", 1)))
         self.platform: Platform = select_platform(cfg.get("platform", "auto"), backend=cfg.get("backend"))
-        self.device = self.platform.device(rank if self.platform.device_type != "cpu" else 0)
+        # Groups on one host take GPUs one after another: slot = the group's index (a spare's
+        # comes after the groups'), set by the supervisor for the mesh it brings up.
+        slot = int(os.environ.get(DEVICE_SLOT_ENV, replica or 0))
+        self.device = self.platform.device(slot * group_size + rank)
         if self.platform.device_type == "cuda":
             torch.cuda.set_device(self.device)
         seam.set_torchtitan_device(self.platform.device_type)

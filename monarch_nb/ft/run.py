@@ -50,6 +50,7 @@ from .ingest import EventIngest
 from .injector import FaultInjector
 from .lighthouse import Lighthouse, LighthouseSettings
 from .placement import placement_for
+from .platform import check_gpu_sharing, select_platform
 from .supervisor import Supervisor
 
 STOP_TIMEOUT_S = 3.0  # how long stop() waits for a group's polite stop before killing it
@@ -251,8 +252,14 @@ class FTRun:
         """Start the Lighthouse and every replica group; returns once all groups train."""
         if self.started:
             raise RuntimeError("this run was already started; create a new FTRun to run again")
-        self.started = True
         cfg = self.config
+        if cfg.job in ("local", "process"):  # every group on this host: NCCL needs a GPU per rank
+            platform = select_platform(cfg.platform, backend=cfg.backend)
+            if platform.device_type != "cpu":
+                import torch
+
+                check_gpu_sharing(platform, cfg.replicas + cfg.spares, cfg.group_size, torch.cuda.device_count())
+        self.started = True
         from .tinydata import ensure_tinydata
 
         self.data_dir = str(Path(cfg.data_dir) if cfg.data_dir else ensure_tinydata())

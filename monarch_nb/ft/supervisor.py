@@ -52,6 +52,7 @@ from .groups import (
 from .identity import IdentityChecks
 from .ingest import EventIngest, HashReport
 from .placement import Placement
+from .platform import DEVICE_SLOT_ENV
 from .spares import Spare, SparePool
 
 log = logging.getLogger(__name__)
@@ -109,7 +110,9 @@ class Supervisor:
         in the background): (actors, (pid, host) per rank, seconds the processes took)."""
         cfg = self.config
         t0 = time.monotonic()
-        handle = self.session.up(mesh, procs=cfg.group_size, env={**WORKER_ENV, **cfg.env}, timeout=60.0,
+        slot = int(mesh[len("replica"):]) if mesh.startswith("replica") else cfg.replicas + int(mesh[len("spare"):])
+        env = {**WORKER_ENV, DEVICE_SLOT_ENV: str(slot), **cfg.env}
+        handle = self.session.up(mesh, procs=cfg.group_size, env=env, timeout=60.0,
                                  log_dir=self.log_dir, **kwargs)
         acquired_s = time.monotonic() - t0
         store_port = _free_port() if cfg.group_size > 1 else None

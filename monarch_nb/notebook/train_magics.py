@@ -52,6 +52,8 @@ def add_training_commands(sub: Any) -> None:
     train.add_argument("--time", default=None, dest="time_limit", metavar="HH:MM:SS",
                        help="with --slurm: time limit of each group's allocation")
     train.add_argument("--platform", default=None, choices=["auto", "cpu", "cuda", "rocm"])
+    train.add_argument("--backend", default=None, choices=["gloo", "nccl"],
+                       help="collective backend (default: nccl on GPUs, gloo on CPU)")
     train.add_argument("--max-restarts", type=int, default=None)
     train.add_argument("--name", default=None, help="run name (default: a timestamp)")
     train.add_argument("--checkpoint-every", type=positive_int, default=None, metavar="K",
@@ -133,7 +135,8 @@ class TrainingCommands:
             raise UsageError(f"--slurm and --job {args.job} disagree; give one")
         fields = {"replicas": args.replicas, "group_size": args.group_size, "steps": args.steps,
                   "seq_len": args.seq_len, "batch_size": args.batch_size, "lr": args.lr, "model": args.model,
-                  "job": "slurm" if args.slurm else args.job, "platform": args.platform, "run_name": args.name,
+                  "job": "slurm" if args.slurm else args.job, "platform": args.platform, "backend": args.backend,
+                  "run_name": args.name,
                   "partition": args.partition, "time_limit": args.time_limit, "spares": args.spares,
                   "checkpoint_every": args.checkpoint_every, "checkpoint_dir": args.checkpoint_dir,
                   "recovery": args.recovery}
