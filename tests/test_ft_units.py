@@ -373,3 +373,31 @@ def test_require_identical_returns_the_verdict_or_names_the_ranks_that_differ(un
     run.check_identical = slow
     with pytest.raises(TimeoutError, match="^no identity verdict within 60 s: every training group must commit"):
         require_identical(run)
+
+
+# ---- identity checks: never wait for a step a group has already passed -------------------
+
+
+def test_an_identity_check_moves_ahead_when_fast_steps_outran_the_controllers_view():
+    # A GPU commits many steps between two polls: the groups are past the first target the
+    # controller picks (hash_at answers False). Found on an H200, where check_identical waited
+    # for a step no group would report.
+    from monarch_nb.ft.identity import IdentityChecks
+    from monarch_nb.ft.ingest import HashReport
+
+    emitted = []
+    checks = IdentityChecks(group_size=1, emit=emitted.append)
+    actual = {0: 100, 1: 101}  # where the groups really are; the controller believes 10
+    asked = []
+
+    def ask(replica, step):
+        asked.append((replica, step))
+        return step > actual[replica]
+
+    target = checks.request([(0, 10), (1, 10)], ask)
+    assert target > 101 and [s for _, s in asked] == [13, 13, 25, 25, 73, 73, 265, 265][:len(asked)]
+    for r in (0, 1):
+        checks.record(HashReport(replica=r, rank=0, step=target, params="p", optim="o"))
+    assert [(e.step, e.identical) for e in emitted] == [(target, True)]
+    # a group that cannot be asked (None) is left out; one that can never be armed gives up
+    assert IdentityChecks(1, emitted.append).request([(0, 1), (1, 1)], lambda r, s: False) is None

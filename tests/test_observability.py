@@ -23,7 +23,7 @@ def hold_the_gil_for(seconds):
     libc = ctypes.PyDLL(None)
     libc.sleep.argtypes = [ctypes.c_uint]
     libc.sleep(seconds)
-hold_the_gil_for(25)
+hold_the_gil_for(15)
 """
 
 
@@ -66,7 +66,7 @@ def test_every_rank_writes_its_output_to_its_own_file_and_identical_lines_fold(s
 
 def test_stacks_of_a_rank_that_holds_the_gil_come_back_within_seconds(session):
     handle = session.mesh("main")
-    handle.agent.slice(gpus=1).run_cell.broadcast(HOLD_GIL)
+    held = handle.agent.slice(gpus=1).run_cell.call(HOLD_GIL)
     log = handle.log_dir / "main-rank1.log"
     wait_for(lambda: "hold_the_gil_for" in session.stacks("main", [1])[0].text, 15, "rank 1 to hold the GIL")
     t0 = time.monotonic()
@@ -85,6 +85,7 @@ def test_stacks_of_a_rank_that_holds_the_gil_come_back_within_seconds(session):
     # Both ranks: rank 0 idles, rank 1 holds the GIL; identical stacks would print once.
     both = session.stacks("main")
     assert [s.label for s in both] == ["main rank 0", "main rank 1"] and len(grouped(both)) == 2
+    held.get(timeout=60)  # the next tests need rank 1 free again (a loaded CI box is slow to get here)
 
 
 def test_stack_errors_name_the_rank_and_what_to_do(session, tmp_path):

@@ -31,19 +31,33 @@ class IdentityChecks:
         self._lock = threading.Lock()
         self._pending: dict[int, _Pending] = {}
 
-    def request(self, groups: Iterable[tuple[int, int]], ask: Callable[[int, int], bool], ahead: int = 3) -> int | None:
+    def request(self, groups: Iterable[tuple[int, int]], ask: Callable[[int, int], bool | None],
+                ahead: int = 3, attempts: int = 6) -> int | None:
         """Check at a step ``ahead`` of the furthest group. ``groups`` are (replica, step) of the
-        training groups; ``ask(replica, step)`` asks one for digests (False if it could not).
+        training groups, as far as the controller knows; ``ask(replica, step)`` asks one for
+        digests: True (armed), False (it is already past that step), None (it could not be
+        asked: left out). Fast steps (a GPU commits many between two polls) can outrun the
+        controller's view: then the check moves further ahead, 4x each time.
         Returns the step checked, or None with fewer than two groups."""
         groups = list(groups)
         if len(groups) < 2:
             return None
-        target = max(step for _, step in groups) + ahead
+        base = max(step for _, step in groups)
+        for _ in range(attempts):
+            target = base + ahead
+            with self._lock:
+                self._pending[target] = _Pending({(r, k) for r, _ in groups for k in range(self.group_size)})
+            answers = {replica: ask(replica, target) for replica, _ in groups}
+            if False not in answers.values():
+                break
+            with self._lock:  # a group is already past it: this target can never complete
+                self._pending.pop(target, None)
+            base, ahead = target, ahead * 4
+        else:
+            return None
         with self._lock:
-            self._pending[target] = _Pending({(r, k) for r, _ in groups for k in range(self.group_size)})
-        for replica, _ in groups:
-            if not ask(replica, target):
-                with self._lock:
+            for replica, answer in answers.items():
+                if answer is None:
                     self._pending[target].expected -= {(replica, k) for k in range(self.group_size)}
         self._maybe_complete(target)
         return target

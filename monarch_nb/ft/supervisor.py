@@ -216,12 +216,14 @@ class Supervisor:
         live = self.groups.training()
         by_index = {g.index: g for g in live}
 
-        def ask(replica: int, step: int) -> bool:
-            try:
-                self.call(by_index[replica], "hash_at", step, timeout=5.0)
-                return True
+        def ask(replica: int, step: int) -> bool | None:
+            try:  # every rank armed (True), or some rank already past the step (False)
+                result = self.call(by_index[replica], "hash_at", step, timeout=5.0)
             except Exception:
-                return False
+                return None
+            if result.errors or result.missing:
+                return None
+            return all(result.values.values())
 
         return self.identity.request([(g.index, g.step) for g in live], ask)
 
