@@ -146,6 +146,8 @@ def test_platform_rejects_a_gpu_platform_on_a_cpu_machine():
     with pytest.raises(ValueError, match="^platform: 'cuda' requested but this machine has no GPU"):
         select_platform("cuda", torch_module=_fake_torch(False, None))
     assert select_platform("auto", backend="gloo", torch_module=_fake_torch(True, None)).backend == "gloo"
+    with pytest.raises(ValueError, match="^backend: 'nccl' needs GPUs and this platform is cpu"):
+        select_platform("auto", backend="nccl", torch_module=_fake_torch(False, None))
 
 
 def test_groups_sharing_a_host_need_a_gpu_per_rank_with_nccl_mocked_gpu_count():

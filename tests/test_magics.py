@@ -132,6 +132,7 @@ def test_bad_line_arguments_raise_usage_error_with_usage(shell, line, expected):
     ("train --replicas 60 --spares 10", "replicas: 60 groups + 10 spares is more than 64"),
     ("train --job process --spares 1", "spares: not available with job='process'"),
     ("train --slurm --job process", "--slurm and --job process disagree"),
+    ("train --backend nccl --platform cpu", "backend: 'nccl' needs GPUs and this platform is cpu"),
     ("wait rejoin", "no fault-tolerant run is active"),
     ("wait step 10", "no fault-tolerant run is active"),
     ("check", "no fault-tolerant run is active"),

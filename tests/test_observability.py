@@ -129,27 +129,40 @@ def test_post_mortem_shows_the_frame_of_a_value_error_raised_on_rank_1(session):
         session.debug("main", 0)
 
 
-def test_an_interrupted_call_stops_the_cell_on_the_workers_and_the_mesh_stays_usable(session):
+def _interrupt_when_started(markers):
+    """Ctrl-C (SIGINT to the main thread) once every rank wrote its marker: the call is then in
+    flight on every rank (a fixed delay raced the send on a loaded CI box). Returns a list that
+    receives the time the interrupt was sent."""
+    main, fired = threading.get_ident(), []
+
+    def fire():
+        wait_for(lambda: all(m.exists() for m in markers), 60, "every rank to start the cell")
+        fired.append(time.monotonic())
+        signal.pthread_kill(main, signal.SIGINT)
+
+    threading.Thread(target=fire, daemon=True).start()
+    return fired
+
+
+def test_an_interrupted_call_stops_the_cell_on_the_workers_and_the_mesh_stays_usable(session, tmp_path):
     handle = session.mesh("main")
-    main = threading.get_ident()
-    timer = threading.Timer(1.0, signal.pthread_kill, (main, signal.SIGINT))
-    timer.start()
-    t0 = time.monotonic()
+    started = [tmp_path / f"sleeping-{r}" for r in range(2)]
+    fired = _interrupt_when_started(started)
     with pytest.raises(CallInterrupted) as info:
         session.deadline(handle.agent, 300, on_interrupt=lambda: handle.agent.interrupt.broadcast()).run_cell.gather(
-            "import time\nt0 = time.time()\ntry:\n    time.sleep(120)\nfinally:\n    slept = time.time() - t0")
-    assert time.monotonic() - t0 < 3.0
+            f"import time\nopen(f'{tmp_path}/sleeping-{{rank}}', 'w').close()\nt0 = time.time()\n"
+            "try:\n    time.sleep(120)\nfinally:\n    slept = time.time() - t0")
+    assert time.monotonic() - fired[0] < 3.0, "the call must end within about 1 s of the interrupt"
     outputs = info.value.result.values
     assert sorted(outputs) == [0, 1] and all(o.interrupted for o in outputs.values()), outputs
     assert all("time.sleep(120)" in o.error for o in outputs.values())
     slept = cell(session, "slept").values
     assert all(float(v.result) < 5 for v in slept.values()), slept
     # a busy Python loop stops too
-    timer = threading.Timer(1.0, signal.pthread_kill, (main, signal.SIGINT))
-    timer.start()
+    _interrupt_when_started([tmp_path / f"busy-{r}" for r in range(2)])
     with pytest.raises(CallInterrupted):
         session.deadline(handle.agent, 300, on_interrupt=lambda: handle.agent.interrupt.broadcast()).run_cell.gather(
-            "n = 0\nwhile True:\n    n += 1")
+            f"open(f'{tmp_path}/busy-{{rank}}', 'w').close()\nn = 0\nwhile True:\n    n += 1")
     assert all(int(v.result) > 0 for v in cell(session, "n").values.values())
 
 

@@ -66,6 +66,8 @@ def select_platform(requested: str = "auto", *, backend: str | None = None, torc
             raise ValueError(f"platform: {name!r} requested but this machine has {have}; allowed here: auto, cpu"
                              + (f", {vendor}" if vendor else ""))
     if name == "cpu":
+        if backend == "nccl":
+            raise ValueError("backend: 'nccl' needs GPUs and this platform is cpu; use backend='gloo' (or None)")
         return Platform("cpu", "cpu", backend or "gloo")
     if backend == "gloo":
         return Platform(name, "cuda", "gloo")

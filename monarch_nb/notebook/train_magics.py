@@ -170,8 +170,12 @@ class TrainingCommands:
             with Progress(lambda: groups_line(run, "replica groups training")):
                 run.start()
         except KeyboardInterrupt:  # start() stops what it had started before it re-raises
+            self.run = None
             raise Interrupted(f"%monarch train: interrupted while the groups were starting; run {run.run_id} "
                               "was stopped and left no process behind") from None
+        except BaseException:  # a run that did not start is no active run (wait/inject/stop refuse);
+            self.run = None   # a refusal (ValueError, e.g. nccl on too few GPUs) becomes a UsageError
+            raise
         if shell is not None:
             shell.user_ns["run"] = run
         if not args.no_wait:
