@@ -73,7 +73,8 @@ def test_every_rank_of_every_group_has_a_log_file_with_its_own_lines(sharded_run
         assert text.count(f"[{mesh} rank {rank}]") >= 5, (name, text[:2000])
         assert f"[{mesh} rank {int(rank) ^ 1}]" not in text  # only its own lines
     # the crashed rank's group was respawned: its new processes wrote on in the same files
-    assert (run.log_dir / "replica1-rank1.log").read_text().count("writes here as replica1 rank 1") == 2
+    # (at least twice: a loaded CI box may need another attempt to bring the group back)
+    assert (run.log_dir / "replica1-rank1.log").read_text().count("writes here as replica1 rank 1") >= 2
     view = run.logs(1, tail=0)
     assert view.lines and all(ln.where[0][0] == "replica1" for ln in view.lines)
 
