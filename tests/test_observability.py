@@ -145,9 +145,16 @@ def _interrupt_when_started(markers):
 
 
 def test_an_interrupted_call_stops_the_cell_on_the_workers_and_the_mesh_stays_usable(tmp_path):
-    with Session(default_timeout=30, log_dir=tmp_path / "logs") as own:  # no state left by other tests
-        handle = own.up("main", procs=2)
-        _interrupted_call_checks(own, handle, tmp_path)
+    # Ctrl-C as a kernel sees it: Python's own SIGINT handler. An earlier test in this process may
+    # have left another one installed (an asyncio loop's no-op handler: the CI run showed SIGINT
+    # arriving and no KeyboardInterrupt).
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with Session(default_timeout=30, log_dir=tmp_path / "logs") as own:  # no state left by other tests
+            handle = own.up("main", procs=2)
+            _interrupted_call_checks(own, handle, tmp_path)
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _interrupted_call_checks(session, handle, tmp_path):
