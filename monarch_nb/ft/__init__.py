@@ -13,7 +13,7 @@ from .history import RunHistory
 from .platform import Platform, select_platform
 from .recovery import Phase, Recovery, RecoveryTracker
 from .restart import RestartPolicy
-from .run import FTRun, open_run
+from .run import FTRun, StopReport, open_run
 
 __all__ = ["FTRun", "Fault", "FaultKind", "FaultSchedule", "Phase", "Platform", "Recovery", "RecoveryTracker",
-           "RestartPolicy", "RunConfig", "RunHistory", "open_run", "select_platform"]
+           "RestartPolicy", "RunConfig", "RunHistory", "StopReport", "open_run", "select_platform"]

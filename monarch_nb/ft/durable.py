@@ -13,6 +13,11 @@ Layout: ``<checkpoint_dir>/step-0000120/`` holds DCP's files, ``meta.pt`` (step,
 parameters, schedule, and a fingerprint of the model and config) and, written last,
 ``COMPLETE``. A directory without ``COMPLETE`` (a save interrupted mid-write) is never loaded.
 The newest ``checkpoint_keep`` complete checkpoints are kept.
+
+A stopping run lets a save in flight finish (``close(timeout)``); one that cannot finish in
+time gets an ``ABANDONED`` marker and a ``checkpoint_abandoned`` event, and the controller
+removes its directory once the writer is gone (``remove_torn``), so the newest directory of
+a stopped run is always a complete checkpoint.
 """
 
 from __future__ import annotations
@@ -28,7 +33,10 @@ from pathlib import Path
 from typing import Any, Callable
 
 COMPLETE = "COMPLETE"
+ABANDONED = "ABANDONED"
 META = "meta.pt"
+# Test hook: seconds each DCP write sleeps before writing (a slow disk, made on purpose).
+SLOW_SAVE_ENV = "MONARCH_NB_TEST_SLOW_SAVE_S"
 
 
 @dataclass(frozen=True)
@@ -120,7 +128,7 @@ class DurableCheckpointer:
         try:
             path.mkdir(parents=True, exist_ok=True)
             state = self._state()
-            future = dcp.async_save(state, storage_writer=FileSystemWriter(str(path)),
+            future = dcp.async_save(state, storage_writer=_writer(FileSystemWriter, path),
                                     process_group=self._pg, no_dist=not dist.is_initialized())
         except Exception as exc:  # an unwritable or full disk: the run goes on, the failure is recorded
             self._emit({"kind": "checkpoint_failed", "step": step, "rank": self.rank, "t": time.time(),
@@ -153,14 +161,56 @@ class DurableCheckpointer:
         self._emit({"kind": "checkpoint_saved", "step": step, "rank": self.rank, "bytes": nbytes,
                     "seconds": time.time() - t0, "stall": stall, "path": str(path), "t": time.time()})
 
-    def close(self) -> None:
-        """Wait for a save still writing (the run is stopping: finish what was started)."""
+    def close(self, timeout: float | None = None) -> int | None:
+        """The run is stopping: finish a save still writing, waiting at most ``timeout`` seconds
+        (None: as long as it takes). Returns the step of a save it had to abandon, else None;
+        an abandoned save is marked on disk and reported as ``checkpoint_abandoned``."""
+        if self._pending is None:
+            return None
+        step, future = self._pending[0], self._pending[1]
+        try:
+            future.exception(timeout=timeout)  # waits; the save's own error is handled below
+        except TimeoutError:
+            self._pending = None
+            reason = f"the run stopped and the write did not finish within {timeout:.1f} s"
+            path = step_dir(self.root, step)
+            if self.rank == 0:
+                (path / ABANDONED).write_text(json.dumps({"step": step, "reason": reason, "t": time.time()}))
+            self._emit({"kind": "checkpoint_abandoned", "step": step, "rank": self.rank, "t": time.time(),
+                        "reason": reason, "path": str(path)})
+            return step
         self._finish_if_done(wait=True)
+        return None
 
     def _prune(self) -> None:
         complete = [c for c in list_checkpoints(self.root) if c.complete]
         for old in complete[:-self.keep]:
             shutil.rmtree(old.path, ignore_errors=True)
+
+
+def remove_torn(root: str | Path) -> list[CheckpointInfo]:
+    """Remove checkpoint directories newer than the newest complete one (saves that never
+    finished: abandoned at a stop, or cut short by a kill). Call only when no writer is left.
+    Returns what was removed."""
+    newest = latest_complete(root)
+    torn = [c for c in list_checkpoints(root) if not c.complete and (newest is None or c.step > newest.step)]
+    for c in torn:
+        shutil.rmtree(c.path, ignore_errors=True)
+    return torn
+
+
+def _writer(base: type, path: Path) -> Any:
+    """DCP's file writer; slowed down on purpose when the test hook ``SLOW_SAVE_ENV`` is set."""
+    delay = float(os.environ.get(SLOW_SAVE_ENV) or 0)
+    if delay <= 0:
+        return base(str(path))
+
+    class SlowWriter(base):  # type: ignore[misc, valid-type]
+        def write_data(self, plan: Any, planner: Any) -> Any:
+            time.sleep(delay)  # the test's slow disk: the write itself takes this long
+            return super().write_data(plan, planner)
+
+    return SlowWriter(str(path))
 
 
 def _fsync_dir(path: Path) -> None:

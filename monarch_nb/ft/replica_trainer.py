@@ -609,10 +609,11 @@ class ReplicaTrainer:
         except Exception:
             pass
 
-    def shutdown(self) -> None:
+    def shutdown(self, save_timeout: float | None = None) -> None:
+        """Leave the run; a durable save still writing gets ``save_timeout`` s (None: no bound)."""
         if self.durable is not None:
             try:
-                self.durable.close()
+                self.durable.close(save_timeout)
             except Exception:
                 pass
         if self.manager is None:

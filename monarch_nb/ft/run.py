@@ -29,6 +29,8 @@ from .. import views, worker_logs
 from ..session import runs_root
 from ..telemetry import EventStore
 from ..telemetry.events import (
+    CheckpointAbandoned,
+    CheckpointSaved,
     Event,
     LighthouseFailed,
     LighthouseRestarted,
@@ -41,7 +43,7 @@ from ..telemetry.events import (
     Step,
 )
 from .config import MAX_GROUPS, RunConfig
-from .durable import META, CheckpointInfo, latest_complete, list_checkpoints
+from .durable import META, CheckpointInfo, latest_complete, list_checkpoints, remove_torn
 from .faults import Fault, FaultKind, FaultSchedule, record_firing
 from .groups import GAVE_UP, RETIRED, STARTING, STOPPED, TRAINING, GroupTable, ReplicaGroup
 from .history import RunHistory
@@ -54,6 +56,35 @@ from .platform import check_gpu_sharing, select_platform
 from .supervisor import Supervisor
 
 STOP_TIMEOUT_S = 3.0  # how long stop() waits for a group's polite stop before killing it
+SAVE_DEADLINE_MIN_S = 10.0  # stop() gives a save in flight at least this long...
+SAVE_DEADLINE_FACTOR = 3.0  # ...or this many times the slowest save of the run
+
+
+def save_deadline(save_seconds: list[float]) -> float:
+    """How long a stop waits for a durable save in flight: long enough for any save this run
+    has made so far, with room for a slower disk now."""
+    return max([SAVE_DEADLINE_MIN_S] + [SAVE_DEADLINE_FACTOR * s for s in save_seconds])
+
+
+@dataclasses.dataclass(frozen=True)
+class StopReport:
+    """What ``FTRun.stop()`` did: how long it took, the newest complete checkpoint left on
+    disk, and any save it had to abandon (recorded as ``checkpoint_abandoned``)."""
+
+    run_id: str
+    seconds: float
+    newest_checkpoint: int | None = None
+    abandoned: tuple[CheckpointAbandoned, ...] = ()
+
+    def __str__(self) -> str:
+        line = f"run {self.run_id} stopped in {self.seconds:.1f} s"
+        if self.newest_checkpoint is not None:
+            line += f"; newest checkpoint: step {self.newest_checkpoint} (complete)"
+        for a in self.abandoned:
+            line += f"; the save of step {a.step} was abandoned: {a.reason}"
+        return line
+
+    __repr__ = __str__
 LIGHTHOUSE_POLL_S = 0.25
 
 
@@ -120,6 +151,7 @@ class FTRun:
         self._dashboard: Any = None
         self.started = False
         self.stopped = False
+        self._stop_report: StopReport | None = None
         self.data_dir: str | None = None
 
     # ---- what is going on -------------------------------------------------------------
@@ -420,17 +452,25 @@ class FTRun:
 
     # ---- stop -------------------------------------------------------------------------
 
-    def stop(self, reason: str = "stopped") -> None:
-        """Stop every group, the Lighthouse and (if we made it) the session. Idempotent."""
-        if self.stopped:
-            return
+    def stop(self, reason: str = "stopped", save_timeout: float | None = None) -> "StopReport":
+        """Stop every group, the Lighthouse and (if we made it) the session. Idempotent.
+
+        A durable save still writing gets ``save_timeout`` seconds to complete (default: 3x the
+        slowest save of this run, at least 10 s); one that cannot is recorded as
+        ``checkpoint_abandoned`` and its directory removed, so the newest checkpoint on disk is
+        always complete. The report says which, and how long the stop took."""
+        if self.stopped:  # again, or while another thread stops it
+            return self._stop_report or StopReport(run_id=self.run_id, seconds=0.0)
+        t0 = time.monotonic()
         self.stopped = True
         atexit.unregister(self.stop)
         self.faults.stop_schedule()
         self._lighthouse_stop.set()
+        if save_timeout is None:
+            save_timeout = save_deadline([e.seconds for e in self.events.events(CheckpointSaved)])
         if self.supervisor is not None:
             self.supervisor.stop(timeout=STOP_TIMEOUT_S)
-            self.supervisor.finish_saves(timeout=STOP_TIMEOUT_S)
+            self.supervisor.finish_saves(save_timeout, join_timeout=STOP_TIMEOUT_S)
         if self._unsubscribe is not None:
             self._unsubscribe()
         if self._session is not None and self.supervisor is not None:
@@ -441,16 +481,36 @@ class FTRun:
             for g in self.groups:
                 if g.state not in (GAVE_UP, RETIRED):
                     self.supervisor.set_state(g, STOPPED)
+        abandoned = self._remove_torn_checkpoints() if self.config.checkpoint_every else []
         self.placement.close()
         if self.lighthouse is not None:
             self.lighthouse.stop()
         self.events.append(RunStopped(run_id=self.run_id, reason=reason))
+        newest = latest_complete(self.checkpoint_dir) if self.config.checkpoint_every else None
+        self._stop_report = StopReport(run_id=self.run_id, seconds=time.monotonic() - t0,
+                                       newest_checkpoint=newest.step if newest else None,
+                                       abandoned=tuple(abandoned))
         if self._own_session and self._session is not None:
             try:
                 self._session.shutdown()  # closes self.events too (it was handed over)
             except Exception:
                 pass
         self.events.close()
+        return self._stop_report
+
+    def _remove_torn_checkpoints(self) -> list[CheckpointAbandoned]:
+        """Once every writer is gone: remove saves that never completed, each recorded once
+        (a worker that gave up on its save already reported it, with its reason)."""
+        reported = {e.step: e for e in self.events.events(CheckpointAbandoned)}
+        out = []
+        for torn in remove_torn(self.checkpoint_dir):
+            event = reported.get(torn.step)
+            if event is None:
+                event = CheckpointAbandoned(step=torn.step, reason="its write had not finished when the run "
+                                            "stopped (no COMPLETE marker): removed")
+                self.events.append(event)
+            out.append(event)
+        return out
 
     def __enter__(self) -> "FTRun":
         return self

@@ -516,18 +516,21 @@ class Supervisor:
 
     # ---- stopping ----------------------------------------------------------------------
 
-    def finish_saves(self, timeout: float = 3.0) -> None:
-        """Before a stop: every training group ends its step and completes a durable save still
-        writing, so the newest checkpoint of a stopped run is complete (a torn one would be
-        skipped on resume, losing up to ``checkpoint_every`` steps); then its last events are
-        read. Groups in parallel, bounded by ``timeout``."""
+    def finish_saves(self, save_timeout: float, join_timeout: float = 3.0) -> None:
+        """Before a stop: every group with live processes ends its step and completes a durable
+        save still writing, so the newest checkpoint of a stopped run is complete (a torn one
+        would be skipped on resume, losing up to ``checkpoint_every`` steps). A save still
+        writing after ``save_timeout`` s is abandoned (the worker reports it); then the last
+        events are read. Groups in parallel, whatever their state: in restart mode the saver
+        may be in any state when the stop comes."""
         if not self.config.checkpoint_every:
             return
-        groups = [g for g in self.groups if g.state in (TRAINING, FINISHED)]
+        with self.groups.lock:
+            groups = [g for g in self.groups if g.actors is not None and g.state not in (FAILED, GAVE_UP, RETIRED)]
 
         def finish(g: ReplicaGroup) -> None:
             try:
-                self.call(g, "finish", timeout, timeout=timeout + 1.0)
+                self.call(g, "finish", join_timeout, save_timeout, timeout=join_timeout + save_timeout + 2.0)
                 self.poll(g, 0.5)
             except Exception as exc:
                 log.debug("finishing %s: %s", g.name, exc)
@@ -535,7 +538,7 @@ class Supervisor:
         threads = [threading.Thread(target=finish, args=(g,), daemon=True) for g in groups]
         for t in threads:
             t.start()
-        deadline = time.monotonic() + timeout + 2.0
+        deadline = time.monotonic() + join_timeout + save_timeout + 3.0
         for t in threads:
             t.join(max(0.0, deadline - time.monotonic()))
 

@@ -214,11 +214,14 @@ class TrainerActor(Actor):
         return {"step": self.trainer.current_step(), **self.trainer.hashes()}
 
     @endpoint
-    def finish(self, timeout: float = 10.0) -> str:
+    def finish(self, timeout: float = 10.0, save_timeout: float | None = None) -> str:
+        """End training after the current step; a durable save still writing gets
+        ``save_timeout`` seconds to complete (None: as long as it takes), else it is abandoned
+        (marked on disk, ``checkpoint_abandoned``)."""
         self._stop.set()
         thread = self._thread
         if thread is not None:
             thread.join(timeout)
-        self.trainer.shutdown()
+        self.trainer.shutdown(save_timeout)
         self._state = "stopped" if self._state != "failed" else self._state
         return self._state

@@ -277,8 +277,8 @@ class TrainingCommands:
 
     def stop(self) -> None:
         run = self.current()
-        run.stop()
-        print(f"run {run.run_id} stopped; reopen it with monarch_nb.open_run({str(run.run_dir)!r})")
+        report = run.stop()
+        print(f"{report}; reopen it with monarch_nb.open_run({str(run.run_dir)!r})")
 
     def dashboard(self) -> Any:
         return self.current().dashboard()

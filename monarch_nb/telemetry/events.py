@@ -146,6 +146,18 @@ class CheckpointFailed(Event):
 
 
 @dataclass(frozen=True, kw_only=True)
+class CheckpointAbandoned(Event):
+    """A durable save that never completed: the run stopped before its write finished (or its
+    writer was killed). Its directory is removed, so it can never be mistaken for a checkpoint.
+    ``replica`` is the saving group when it reported it, None when the controller found it."""
+
+    kind: ClassVar[str] = "checkpoint_abandoned"
+    step: int
+    reason: str
+    replica: int | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
 class AllGroupsLost(Event):
     """No group holds the run's state any more (every group failed): ``checkpoint`` is what the
     run resumes from, or None when there is none (the groups then wait)."""
