@@ -100,15 +100,17 @@ def test_fault_target_out_of_range_is_rejected(fault, field):
 
 
 def test_fault_schedule_is_deterministic_for_a_seed_and_only_targets_eligible_groups():
-    a = FaultSchedule(every_s=5, kinds=["kill", "exception", "comms"], seed=7)
-    b = FaultSchedule(every_s=5, kinds=["kill", "exception", "comms"], seed=7)
-    seq_a = [a.next_target(3, 2, [0, 2]) for _ in range(50)]
-    seq_b = [b.next_target(3, 2, [0, 2]) for _ in range(50)]
-    assert seq_a == seq_b
-    assert {f.replica for f in seq_a} == {0, 2}
-    assert {f.kind for f in seq_a} == {FaultKind.KILL, FaultKind.EXCEPTION, FaultKind.COMMS}
-    assert {f.rank for f in seq_a} == {0, 1}
-    assert a.next_target(3, 2, []) is None
+    a = FaultSchedule(every_s=5, kinds=["kill", "exception", "comms"], seed=7, at_once=2)
+    b = FaultSchedule(every_s=5, kinds=["kill", "exception", "comms"], seed=7, at_once=2)
+    waves_a = [a.next_wave(2, [0, 2, 3], limit=5) for _ in range(50)]
+    waves_b = [b.next_wave(2, [0, 2, 3], limit=5) for _ in range(50)]
+    assert waves_a == waves_b
+    assert all(len(w) == 2 and len({f.replica for f in w}) == 2 for w in waves_a), "at_once distinct groups"
+    faults = [f for w in waves_a for f in w]
+    assert {f.replica for f in faults} == {0, 2, 3}
+    assert {f.kind for f in faults} == {FaultKind.KILL, FaultKind.EXCEPTION, FaultKind.COMMS}
+    assert {f.rank for f in faults} == {0, 1}
+    assert len(a.next_wave(2, [1, 2], limit=1)) == 1 and a.next_wave(2, [], limit=5) == []
 
 
 def test_fault_schedule_validates_its_arguments():

@@ -117,10 +117,6 @@ class FaultSchedule:
             raise ValueError(f"at_once: must be an integer >= 1, got {self.at_once!r}")
         self._rng = random.Random(self.seed)
 
-    def next_target(self, replicas: int, group_size: int, eligible: Sequence[int]) -> Fault | None:
-        wave = self.next_wave(group_size, eligible, 1)
-        return wave[0] if wave else None
-
     def next_wave(self, group_size: int, eligible: Sequence[int], limit: int) -> list[Fault]:
         """Up to ``at_once`` faults (and at most ``limit``) into distinct eligible groups."""
         pool = list(eligible)
