@@ -120,6 +120,66 @@ def test_fault_schedule_validates_its_arguments():
         FaultSchedule(every_s=1, kinds=["kill", "flood"])
 
 
+def _dead_child(tmp_path, kind, log=None):
+    """A real child process that fires ``kind`` the way a trainer does (recording it in the
+    fault log first when ``log`` is given); returns it once it has ended, not reaped."""
+    import os
+    import subprocess
+    import sys
+
+    import psutil
+
+    from monarch_nb.ft import faults
+
+    code = ("import importlib.util, os, sys\n"
+            "spec = importlib.util.spec_from_file_location('faults', sys.argv[1])\n"
+            "faults = sys.modules['faults'] = importlib.util.module_from_spec(spec)\n"
+            "spec.loader.exec_module(faults)\n"
+            "kind = faults.FaultKind(sys.argv[2])\n"
+            "if len(sys.argv) > 3:\n"
+            "    faults.record_firing(sys.argv[3], {'kind': 'fault_fired', 'fault': kind.value, 'replica': 0,\n"
+            "                                       'rank': 0, 'step': 5, 'pid': os.getpid()})\n"
+            "faults.fire(kind)\n")
+    child = subprocess.Popen([sys.executable, "-c", code, faults.__file__, kind] + ([log] if log else []))
+    os.waitid(os.P_PID, child.pid, os.WEXITED | os.WNOWAIT)  # ended, still a zombie
+    assert psutil.Process(child.pid).status() == psutil.STATUS_ZOMBIE
+    return child
+
+
+def _pid_check(tmp_path, pid):
+    """The supervisor's pid check over one group whose rank 0 is ``pid``."""
+    import socket
+
+    from monarch_nb.ft.groups import GroupTable
+    from monarch_nb.ft.injector import FaultInjector
+    from monarch_nb.ft.supervisor import Supervisor
+
+    groups = GroupTable(1)
+    groups[0].procs = [(pid, socket.gethostname())]
+    injector = FaultInjector(1, groups, str(tmp_path / "faults.jsonl"), arm=None, cluster=None, emit=None,
+                             running=lambda: True)
+    sup = Supervisor(RunConfig(replicas=1), None, groups, None, None, None, [].append, lambda replica: None,
+                     None, lambda: "", fired_by=injector.fired_by)
+    return sup._dead_rank(groups[0])
+
+
+@pytest.mark.parametrize("kind, how", [("segfault", "killed by signal 11 (SIGSEGV)"), ("exit", "exited with code 13")])
+def test_the_pid_check_says_how_a_dead_process_ended(tmp_path, kind, how):
+    # not reaped yet: the pid check reads the exit status itself (waitid without reaping)
+    child = _dead_child(tmp_path, kind)
+    failure = _pid_check(tmp_path, child.pid)
+    assert failure.source == "pid" and failure.rank == 0
+    assert failure.reason == f"process {child.pid} of rank 0 {how} (found by pid check)"
+    child.wait()
+    # reaped first, as Monarch's runtime reaps its workers: the exit status is gone
+    assert _pid_check(tmp_path, child.pid).reason == f"process {child.pid} of rank 0 is gone (found by pid check)"
+    # ... but a worker writes the fault log before it fires: that says how it ended
+    child = _dead_child(tmp_path, kind, log=str(tmp_path / "faults.jsonl"))
+    assert child.wait() == {"segfault": -11, "exit": 13}[kind]  # what really happened
+    assert _pid_check(tmp_path, child.pid).reason == (f"process {child.pid} of rank 0 {how} (found by pid check; "
+                                                      f"it fired an injected {kind} fault, per the fault log)")
+
+
 # ---- platform: one module decides device and backend ------------------------------------
 
 

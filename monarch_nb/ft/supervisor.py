@@ -33,6 +33,7 @@ from ..telemetry.events import (
     TornDown,
 )
 from .durable import latest_complete
+from .faults import ENDS_PROCESS
 from .config import RunConfig
 from .groups import (
     FAILED,
@@ -76,13 +77,15 @@ class Supervisor:
                  ingest: EventIngest, identity: IdentityChecks, emit: Callable[[Event], None],
                  fired_time: Callable[[int], float | None],
                  trainer_args: Callable[[ReplicaGroup | None, int | None], tuple],
-                 lighthouse: Callable[[], str]) -> None:
+                 lighthouse: Callable[[], str], fired_by: Callable[[int], str | None] = lambda pid: None) -> None:
         """``trainer_args(group, store_port)`` are TrainerActor's arguments (group None: a spare);
-        ``lighthouse()`` is the Lighthouse's address now."""
+        ``lighthouse()`` is the Lighthouse's address now; ``fired_by(pid)`` the kind of fault a
+        process recorded firing (the fault log), if any."""
         self.config, self.session, self.groups, self.placement = config, session, groups, placement
         self.ingest, self.identity, self._emit = ingest, identity, emit
         self.run_events: Any = getattr(emit, "__self__", None)  # the run's EventStore (emit is its append)
         self._fired_time, self._trainer_args, self._lighthouse = fired_time, trainer_args, lighthouse
+        self._fired_by = fired_by
         self.checkpoint_dir: str | None = None  # set by the run when durable checkpoints are on
         self.log_dir: str | None = None  # where the workers write (the run's logs/); None: the session's
         self._lost_lock = threading.Lock()
@@ -276,8 +279,15 @@ class Supervisor:
         here = socket.gethostname()
         for rank, (pid, host) in enumerate(g.procs):
             if host == here and not pid_alive(pid):
-                how = exit_status(pid) or "is gone"
-                return Failure(f"process {pid} of rank {rank} {how} (found by pid check)", rank, time.time(), "pid")
+                how, found = exit_status(pid), "found by pid check"
+                if how is None:
+                    # Monarch's runtime reaps its children at once, so the exit status is usually
+                    # gone; a process that wrote in the fault log that it fired a fault which
+                    # ends a process ended the way that fault does.
+                    kind = self._fired_by(pid)
+                    how = ENDS_PROCESS.get(kind or "")
+                    found += f"; it fired an injected {kind} fault, per the fault log" if how else ""
+                return Failure(f"process {pid} of rank {rank} {how or 'is gone'} ({found})", rank, time.time(), "pid")
         return None
 
     def check(self, g: ReplicaGroup) -> Failure | None:
