@@ -413,30 +413,52 @@ def test_differing_ranks_are_the_minority_of_their_rank():
     assert differing_ranks(_verdict(tie)) == ["replica0/rank1", "replica1/rank1"]
 
 
+class _ReportingRun:
+    """Stands in for a started run (two or more groups training) on the one call
+    ``require_identical`` makes: ``check_identical`` runs the real identity check over digests
+    the groups would report (parameters and optimizer state of each rank)."""
+
+    def __init__(self, digests):
+        self.digests = digests  # (replica, rank) -> (params, optim)
+
+    def check_identical(self, timeout):
+        from monarch_nb.ft.identity import IdentityChecks
+        from monarch_nb.ft.ingest import HashReport
+
+        verdicts = []
+        checks = IdentityChecks(group_size=1, emit=verdicts.append)
+        step = checks.request([(r, 27) for r, _ in self.digests], lambda replica, step: True)
+        for (replica, rank), (params, optim) in self.digests.items():
+            checks.record(HashReport(replica=replica, rank=rank, step=step, params=params, optim=optim))
+        return verdicts[0]
+
+
+def _digest(data: bytes) -> str:
+    import hashlib
+
+    return hashlib.blake2b(data, digest_size=12).hexdigest()
+
+
 def test_require_identical_returns_the_verdict_or_names_the_ranks_that_differ(unstarted_run):
     from monarch_nb.ft.waiting import ReplicasDiffer, require_identical
 
-    run = unstarted_run
     with pytest.raises(RuntimeError, match="^fewer than two replica groups are training"):
-        require_identical(run)  # never started: nothing to compare
-    ok = _verdict({f"replica{r}/rank0": "params:a optim:b" for r in range(3)})
-    run.check_identical = lambda timeout: ok
-    assert require_identical(run) is ok
-    bad = _verdict({"replica0/rank0": "params:a optim:b", "replica1/rank0": "params:a optim:c",
-                    "replica2/rank0": "params:a optim:b"})
-    run.check_identical = lambda timeout: bad
+        require_identical(unstarted_run)  # never started: nothing to compare
+    weights, adam, drifted = _digest(b"weights"), _digest(b"adam state"), _digest(b"adam state, stale lr")
+    verdict = require_identical(_ReportingRun({(r, 0): (weights, adam) for r in range(3)}))
+    assert verdict.identical and verdict.step == 30 and len(verdict.hashes) == 3
     with pytest.raises(ReplicasDiffer) as err:
-        require_identical(run)
+        require_identical(_ReportingRun({(0, 0): (weights, adam), (1, 0): (weights, drifted), (2, 0): (weights, adam)}))
     assert err.value.ranks == ["replica1/rank0"]
     assert str(err.value) == ("replicas are NOT bit-identical at step 30: replica1/rank0 (optimizer state) differs "
                               "from the other replicas of the same rank (3 ranks compared)")
 
-    def slow(timeout):
-        raise TimeoutError("no matching event")
+    class Silent:  # a group that never commits the checked step
+        def check_identical(self, timeout):
+            raise TimeoutError("no matching event")
 
-    run.check_identical = slow
     with pytest.raises(TimeoutError, match="^no identity verdict within 60 s: every training group must commit"):
-        require_identical(run)
+        require_identical(Silent())
 
 
 # ---- identity checks: never wait for a step a group has already passed -------------------
