@@ -402,12 +402,12 @@ class Supervisor:
                                        detection_s=(failure.t - fired) if fired else None, source=failure.source,
                                        stack=failure.stack))
             groups = self.groups.active()
-            last = self.progress()
             for h in groups:
                 self.set_state(h, FAILED if h is g else RESPAWNING, failure.reason[:200] if h is g else "restart")
             t0 = time.monotonic()
             self.session.down_many([h.name for h in groups], kill=True)
             self._emit(TornDown(replica=g.index, seconds=time.monotonic() - t0))
+            last = self.progress()  # read once no group trains: a poll in flight has landed
             checkpoint = latest_complete(self.checkpoint_dir) if self.checkpoint_dir else None
             start = time.time()
             for h in groups:
