@@ -307,6 +307,9 @@ class Supervisor:
         if told is not None:  # supervision spoke while we were waiting
             return told
         if result.errors:
+            dead = self._dead_rank(g)  # a call fails when its process died during it: say how it ended
+            if dead is not None:
+                return dead
             rank, err = sorted(result.errors.items())[0]
             return Failure(f"unreachable: {type(err).__name__}: {str(err)[:300]}", rank, time.time(), "endpoint")
         for rank, value in sorted(result.values.items()):
