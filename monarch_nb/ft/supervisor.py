@@ -484,7 +484,7 @@ class Supervisor:
     def acquire(self, g: ReplicaGroup, t0: float) -> None:
         """Processes and built trainers for ``g``: a ready spare if there is one, else fresh ones
         (spawned, or a new allocation). Records the ``acquired`` phase."""
-        spare = self.spares.take() if self.spares is not None else None
+        spare = self.spares.take(g.name) if self.spares is not None else None
         if spare is not None:
             self.adopt(g, spare)
             self._emit(Acquired(replica=g.index, how="spare", seconds=time.time() - t0))
