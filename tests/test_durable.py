@@ -55,13 +55,16 @@ def test_checkpoints_are_saved_off_the_critical_path_and_pruned(lost_and_resumed
     run, _, _ = lost_and_resumed
     saved = run.events.events("checkpoint_saved")
     assert saved and {e.replica for e in saved} == {0}, "one group saves, the lowest in the quorum"
+    # The training thread only stages a copy (``stall``) and goes on; DCP's writer thread ends
+    # the write later (``seconds``, both from the save's start). A write on the training thread
+    # would be over before the thread went on: seconds <= stall.
+    assert all(e.stall < e.seconds for e in saved), \
+        ("every save's write must end after the training thread went on", [(e.stall, e.seconds) for e in saved])
     steps = [e.t for e in run.history().steps(1)]
     median_step = sorted(b - a for a, b in zip(steps, steps[1:]))[len(steps) // 2]
-    stalls = sorted(e.stall for e in saved)
-    # staging is a host copy; the write runs off the training thread. One noisy save on a
-    # loaded CI machine may cost a little more than a step, the typical one may not.
-    assert stalls[len(stalls) // 2] <= median_step, ("a save may stall training by at most one step", stalls)
-    assert stalls[-1] <= 3 * median_step, ("no save may stall training for several steps", stalls)
+    # sanity only: staging a host copy typically costs a fraction of a step (5x margin)
+    assert max(e.stall for e in saved) < 5 * median_step, \
+        f"a save's stall {max(e.stall for e in saved):.2f} s is over 5 median steps ({median_step:.2f} s)"
     assert all(e.bytes > 1_000_000 for e in saved)
     complete = [c for c in list_checkpoints(run.checkpoint_dir) if c.complete]
     assert 1 <= len(complete) <= 2, complete  # checkpoint_keep=2
@@ -111,19 +114,38 @@ def test_restart_mode_restarts_every_group_from_disk(tmp_path):
     run = FTRun(RunConfig(replicas=2, checkpoint_every=5, recovery="restart", runs_root=str(tmp_path)))
     try:
         run.start()
-        run.wait_for(lambda e: e.kind == "checkpoint_saved" and e.step >= 5, timeout=240)
+        saved = run.wait_for(lambda e: e.kind == "checkpoint_saved" and e.step >= 5, timeout=240)
+        # kill past the checkpoint and short of the next one, so that there are steps to redo
+        target = max(e.step for e in run.history().steps()) + 2
+        while target % 5 in (0, 4):
+            target += 1
         before = {g.index: list(g.pids) for g in run.groups}
         since = time.time()
-        run.inject("kill", replica=1)
-        restarted = run.wait_for(lambda e: e.kind == "restarted_from_checkpoint", timeout=180, since=since)
-        for v in (0, 1):
-            run.wait_for(lambda e, v=v: e.kind == "rejoined" and e.replica == v, timeout=180, since=since)
+        run.inject("kill", replica=1, at_step=target)
+        restarted = run.wait_for(lambda e: e.kind == "restarted_from_checkpoint", timeout=240, since=since)
+        rejoined = [run.wait_for(lambda e, v=v: e.kind == "rejoined" and e.replica == v, timeout=180, since=since)
+                    for v in (0, 1)]
+        events = run.events.events()
+        cut = events.index(restarted)  # no group trains between the teardown and this event
+        last_before = max(e.step for e in events[:cut] if e.kind == "step" and e.committed)
+        for v in (0, 1):  # every group redoes the lost steps (and one more)
+            run.wait_for(lambda e, v=v: e.kind == "step" and e.committed and e.replica == v
+                         and e.step > last_before, timeout=180, since=restarted.t)
         after = {g.index: list(g.pids) for g in run.groups}
         identical = run.check_identical(timeout=120)
     finally:
         run.stop()
     assert all(set(after[g]).isdisjoint(before[g]) for g in before), "every group must be restarted"
-    assert restarted.checkpoint and restarted.step >= 5 and restarted.lost_steps >= 0
+    assert restarted.checkpoint and restarted.step >= saved.step and restarted.step < target, restarted
+    # the steps lost are those committed since the checkpoint, and every group redoes exactly
+    # those: it resumes at the checkpoint's step + 1
+    assert restarted.lost_steps == last_before - restarted.step >= 1, (restarted, last_before)
+    assert [e.step for e in rejoined] == [restarted.step + 1] * 2, rejoined
+    events = run.events.events()
+    redone = events[events.index(restarted):]
+    for v in (0, 1):
+        steps = [e.step for e in redone if e.kind == "step" and e.committed and e.replica == v]
+        assert steps[:restarted.lost_steps + 1] == list(range(restarted.step + 1, last_before + 2)), (v, steps)
     assert identical.identical
     assert not run.events.events("healed"), "the old way reads state from disk, not from a peer"
 

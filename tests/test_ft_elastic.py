@@ -24,9 +24,10 @@ from proc_checks import assert_gone
 pytestmark = pytest.mark.slow
 
 
-def _spare_ready(run):
+def _spare_ready(run, since=0.0):
+    """The first spare that became ready at or after ``since`` (and is ready still)."""
     return run.wait_for(lambda e: isinstance(e, SpareState) and e.state == "ready"
-                        and run.supervisor.spares.ready() > 0, timeout=240)
+                        and run.supervisor.spares.ready() > 0, timeout=240, since=since)
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +48,8 @@ def elastic(tmp_path_factory):
                               spawned_at_rejoin=list(run.spawned_pids),
                               identical=run.wait_for(lambda e: isinstance(e, ReplicasIdentical) and
                                                      e.t >= rejoined.t, timeout=120))
-        facts["refilled"] = _spare_ready(run)
+        facts["refilled"] = _spare_ready(run, since=since)
+        facts["refill_pids"] = run.status()[f"spare{facts['refilled'].spare}"]["pids"]
 
         # bad input, on a live run: nothing may change
         for bad in (0, 1000, "4"):
@@ -86,18 +88,29 @@ def test_a_ready_spare_takes_the_failed_groups_place_without_starting_a_process(
     (acquired,) = [e for e in run.events.events(Acquired) if f["since"] <= e.t <= f["rejoined"].t]
     assert acquired.how == "spare" and acquired.replica == 1
     assert f["group_pids"] == f["spare_pids"], "the group must run in the spare's processes"
+    # the only processes started between the fault and the rejoin are the refill spare's,
+    # built in the background (it may still have been coming up at the rejoin)
     new = set(f["spawned_at_rejoin"]) - set(f["spawned_before"])
+    assert new <= set(facts["refill_pids"]), ("no process may be started on the critical path", new)
     assert not new & set(f["group_pids"]), "no process may be started for the victim on the critical path"
     recovery = next(r for r in run.history().recoveries() if r.fault == "kill")
     assert recovery.acquired_how == "spare" and recovery.heal_source in (0, 2)
-    assert recovery.total_s is not None and recovery.total_s < 15
+    assert recovery.status == "recovered" and recovery.acquired_t <= recovery.respawned_t <= recovery.rejoined_t
+    # the spare was taken by replica 1 in this recovery, and only one spare was
+    taken = [e for e in run.events.events(SpareState) if e.state == "taken" and f["since"] <= e.t <= f["rejoined"].t]
+    assert [(e.spare, e.detail) for e in taken] == [(0, "by replica1")], taken
     assert f["identical"].identical, f["identical"].hashes
 
 
 def test_the_spare_pool_is_refilled_in_the_background(elastic):
     run, facts = elastic
-    assert facts["refilled"].t > facts["spare"]["rejoined"].t - 30
+    f = facts["spare"]
     assert facts["refilled"].spare != 0  # a new spare, not the one that was taken
+    # its building started while the victim was still out (when the spare was taken), not after
+    (building,) = [e for e in run.events.events(SpareState)
+                   if e.spare == facts["refilled"].spare and e.state == "building"]
+    assert f["since"] <= building.t <= f["rejoined"].t, (f["since"], building.t, f["rejoined"].t)
+    assert set(facts["refill_pids"]).isdisjoint(f["spare_pids"]), "fresh processes for the new spare"
 
 
 def test_scale_up_and_down_mid_run_keeps_replicas_identical(elastic):

@@ -100,15 +100,17 @@ def test_fault_target_out_of_range_is_rejected(fault, field):
 
 
 def test_fault_schedule_is_deterministic_for_a_seed_and_only_targets_eligible_groups():
-    a = FaultSchedule(every_s=5, kinds=["kill", "exception", "comms"], seed=7)
-    b = FaultSchedule(every_s=5, kinds=["kill", "exception", "comms"], seed=7)
-    seq_a = [a.next_target(3, 2, [0, 2]) for _ in range(50)]
-    seq_b = [b.next_target(3, 2, [0, 2]) for _ in range(50)]
-    assert seq_a == seq_b
-    assert {f.replica for f in seq_a} == {0, 2}
-    assert {f.kind for f in seq_a} == {FaultKind.KILL, FaultKind.EXCEPTION, FaultKind.COMMS}
-    assert {f.rank for f in seq_a} == {0, 1}
-    assert a.next_target(3, 2, []) is None
+    a = FaultSchedule(every_s=5, kinds=["kill", "exception", "comms"], seed=7, at_once=2)
+    b = FaultSchedule(every_s=5, kinds=["kill", "exception", "comms"], seed=7, at_once=2)
+    waves_a = [a.next_wave(2, [0, 2, 3], limit=5) for _ in range(50)]
+    waves_b = [b.next_wave(2, [0, 2, 3], limit=5) for _ in range(50)]
+    assert waves_a == waves_b
+    assert all(len(w) == 2 and len({f.replica for f in w}) == 2 for w in waves_a), "at_once distinct groups"
+    faults = [f for w in waves_a for f in w]
+    assert {f.replica for f in faults} == {0, 2, 3}
+    assert {f.kind for f in faults} == {FaultKind.KILL, FaultKind.EXCEPTION, FaultKind.COMMS}
+    assert {f.rank for f in faults} == {0, 1}
+    assert len(a.next_wave(2, [1, 2], limit=1)) == 1 and a.next_wave(2, [], limit=5) == []
 
 
 def test_fault_schedule_validates_its_arguments():
@@ -116,6 +118,66 @@ def test_fault_schedule_validates_its_arguments():
         FaultSchedule(every_s=0)
     with pytest.raises(ValueError, match="^kinds: unknown fault kind"):
         FaultSchedule(every_s=1, kinds=["kill", "flood"])
+
+
+def _dead_child(tmp_path, kind, log=None):
+    """A real child process that fires ``kind`` the way a trainer does (recording it in the
+    fault log first when ``log`` is given); returns it once it has ended, not reaped."""
+    import os
+    import subprocess
+    import sys
+
+    import psutil
+
+    from monarch_nb.ft import faults
+
+    code = ("import importlib.util, os, sys\n"
+            "spec = importlib.util.spec_from_file_location('faults', sys.argv[1])\n"
+            "faults = sys.modules['faults'] = importlib.util.module_from_spec(spec)\n"
+            "spec.loader.exec_module(faults)\n"
+            "kind = faults.FaultKind(sys.argv[2])\n"
+            "if len(sys.argv) > 3:\n"
+            "    faults.record_firing(sys.argv[3], {'kind': 'fault_fired', 'fault': kind.value, 'replica': 0,\n"
+            "                                       'rank': 0, 'step': 5, 'pid': os.getpid()})\n"
+            "faults.fire(kind)\n")
+    child = subprocess.Popen([sys.executable, "-c", code, faults.__file__, kind] + ([log] if log else []))
+    os.waitid(os.P_PID, child.pid, os.WEXITED | os.WNOWAIT)  # ended, still a zombie
+    assert psutil.Process(child.pid).status() == psutil.STATUS_ZOMBIE
+    return child
+
+
+def _pid_check(tmp_path, pid):
+    """The supervisor's pid check over one group whose rank 0 is ``pid``."""
+    import socket
+
+    from monarch_nb.ft.groups import GroupTable
+    from monarch_nb.ft.injector import FaultInjector
+    from monarch_nb.ft.supervisor import Supervisor
+
+    groups = GroupTable(1)
+    groups[0].procs = [(pid, socket.gethostname())]
+    injector = FaultInjector(1, groups, str(tmp_path / "faults.jsonl"), arm=None, cluster=None, emit=None,
+                             running=lambda: True)
+    sup = Supervisor(RunConfig(replicas=1), None, groups, None, None, None, [].append, lambda replica: None,
+                     None, lambda: "", fired_by=injector.fired_by)
+    return sup._dead_rank(groups[0])
+
+
+@pytest.mark.parametrize("kind, how", [("segfault", "killed by signal 11 (SIGSEGV)"), ("exit", "exited with code 13")])
+def test_the_pid_check_says_how_a_dead_process_ended(tmp_path, kind, how):
+    # not reaped yet: the pid check reads the exit status itself (waitid without reaping)
+    child = _dead_child(tmp_path, kind)
+    failure = _pid_check(tmp_path, child.pid)
+    assert failure.source == "pid" and failure.rank == 0
+    assert failure.reason == f"process {child.pid} of rank 0 {how} (found by pid check)"
+    child.wait()
+    # reaped first, as Monarch's runtime reaps its workers: the exit status is gone
+    assert _pid_check(tmp_path, child.pid).reason == f"process {child.pid} of rank 0 is gone (found by pid check)"
+    # ... but a worker writes the fault log before it fires: that says how it ended
+    child = _dead_child(tmp_path, kind, log=str(tmp_path / "faults.jsonl"))
+    assert child.wait() == {"segfault": -11, "exit": 13}[kind]  # what really happened
+    assert _pid_check(tmp_path, child.pid).reason == (f"process {child.pid} of rank 0 {how} (found by pid check; "
+                                                      f"it fired an injected {kind} fault, per the fault log)")
 
 
 # ---- platform: one module decides device and backend ------------------------------------
@@ -351,30 +413,52 @@ def test_differing_ranks_are_the_minority_of_their_rank():
     assert differing_ranks(_verdict(tie)) == ["replica0/rank1", "replica1/rank1"]
 
 
+class _ReportingRun:
+    """Stands in for a started run (two or more groups training) on the one call
+    ``require_identical`` makes: ``check_identical`` runs the real identity check over digests
+    the groups would report (parameters and optimizer state of each rank)."""
+
+    def __init__(self, digests):
+        self.digests = digests  # (replica, rank) -> (params, optim)
+
+    def check_identical(self, timeout):
+        from monarch_nb.ft.identity import IdentityChecks
+        from monarch_nb.ft.ingest import HashReport
+
+        verdicts = []
+        checks = IdentityChecks(group_size=1, emit=verdicts.append)
+        step = checks.request([(r, 27) for r, _ in self.digests], lambda replica, step: True)
+        for (replica, rank), (params, optim) in self.digests.items():
+            checks.record(HashReport(replica=replica, rank=rank, step=step, params=params, optim=optim))
+        return verdicts[0]
+
+
+def _digest(data: bytes) -> str:
+    import hashlib
+
+    return hashlib.blake2b(data, digest_size=12).hexdigest()
+
+
 def test_require_identical_returns_the_verdict_or_names_the_ranks_that_differ(unstarted_run):
     from monarch_nb.ft.waiting import ReplicasDiffer, require_identical
 
-    run = unstarted_run
     with pytest.raises(RuntimeError, match="^fewer than two replica groups are training"):
-        require_identical(run)  # never started: nothing to compare
-    ok = _verdict({f"replica{r}/rank0": "params:a optim:b" for r in range(3)})
-    run.check_identical = lambda timeout: ok
-    assert require_identical(run) is ok
-    bad = _verdict({"replica0/rank0": "params:a optim:b", "replica1/rank0": "params:a optim:c",
-                    "replica2/rank0": "params:a optim:b"})
-    run.check_identical = lambda timeout: bad
+        require_identical(unstarted_run)  # never started: nothing to compare
+    weights, adam, drifted = _digest(b"weights"), _digest(b"adam state"), _digest(b"adam state, stale lr")
+    verdict = require_identical(_ReportingRun({(r, 0): (weights, adam) for r in range(3)}))
+    assert verdict.identical and verdict.step == 30 and len(verdict.hashes) == 3
     with pytest.raises(ReplicasDiffer) as err:
-        require_identical(run)
+        require_identical(_ReportingRun({(0, 0): (weights, adam), (1, 0): (weights, drifted), (2, 0): (weights, adam)}))
     assert err.value.ranks == ["replica1/rank0"]
     assert str(err.value) == ("replicas are NOT bit-identical at step 30: replica1/rank0 (optimizer state) differs "
                               "from the other replicas of the same rank (3 ranks compared)")
 
-    def slow(timeout):
-        raise TimeoutError("no matching event")
+    class Silent:  # a group that never commits the checked step
+        def check_identical(self, timeout):
+            raise TimeoutError("no matching event")
 
-    run.check_identical = slow
     with pytest.raises(TimeoutError, match="^no identity verdict within 60 s: every training group must commit"):
-        require_identical(run)
+        require_identical(Silent())
 
 
 # ---- identity checks: never wait for a step a group has already passed -------------------

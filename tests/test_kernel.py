@@ -119,7 +119,9 @@ def test_tearing_down_a_dead_mesh_in_a_kernel_does_not_wait_out_the_polite_stop(
     """))
     assert status == "ok", out
     killed, all_dead = (float(x) for x in out.split("TEARDOWN")[1].split()[:2])
-    assert killed < 3 and all_dead < 3, out
+    # a polite stop would wait its whole 10 s timeout; a teardown that does not takes well under 1 s
+    assert killed < 10 and all_dead < 10, f"teardown took {killed:.2f} s / {all_dead:.2f} s: it waited out " \
+                                          f"the polite stop's 10 s; {out}"
 
 
 def test_a_kernel_killed_mid_run_leaves_no_process_and_a_readable_interrupted_run(kernel, tmp_path):

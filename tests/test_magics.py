@@ -263,6 +263,10 @@ def test_wait_step_prints_when_every_group_committed_it(shell, fed_run):
 def test_check_prints_the_verdict_or_names_the_ranks_that_differ(shell, fed_run):
     from monarch_nb.telemetry.events import ReplicasIdentical
 
+    # the run itself: never started, so no group trains and there is nothing to compare
+    with pytest.raises(UsageError, match=r"^check: fewer than two replica groups are training"):
+        shell.run_line_magic("monarch", "check")
+    # the magic's words for a verdict (the comparison itself is tested in test_ft_units.py)
     same = {f"replica{r}/rank0": "params:a optim:b" for r in range(3)}
     fed_run.check_identical = lambda timeout: ReplicasIdentical(step=40, identical=True, hashes=same)
     with capture_output() as out:

@@ -72,7 +72,9 @@ def test_stacks_of_a_rank_that_holds_the_gil_come_back_within_seconds(session):
     t0 = time.monotonic()
     (stack,) = session.stacks("main", [1])
     took = time.monotonic() - t0
-    assert stack.how == "py-spy" and "hold_the_gil_for" in stack.text and took < 5, (took, stack.text)
+    assert stack.how == "py-spy" and "hold_the_gil_for" in stack.text, stack.text
+    # py-spy reads a GIL holder's stack in ~0.02 s (bench/bench_observability.py); 5 s is a sanity bound
+    assert took < 5, f"reading the stack of a rank holding the GIL took {took:.2f} s"
     # Where py-spy cannot attach, the process writes its own stacks (faulthandler, SIGUSR1).
     real = stacks_mod._py_spy
     stacks_mod._py_spy = lambda: None
@@ -170,12 +172,14 @@ def _interrupted_call_checks(session, handle, tmp_path):
     else:
         pytest.fail(f"not interrupted: markers {[m.exists() for m in started]}, fired {fired}, replies {got.values}, "
                     f"errors {got.errors}")
-    assert time.monotonic() - fired[0] < 3.0, "the call must end within about 1 s of the interrupt"
+    ended_s = time.monotonic() - fired[0]
+    # interrupt -> the call ends: median 0.07 s, max 0.16 s (bench/bench_observability.py); 3 s is >= 10x
+    assert ended_s < 3.0, f"interrupt -> the call ended took {ended_s:.2f} s"
     outputs = info.result.values
     assert sorted(outputs) == [0, 1] and all(o.interrupted for o in outputs.values()), outputs
     assert all("time.sleep(120)" in o.error for o in outputs.values())
     slept = session.deadline(handle.agent, 30).run_cell.call("slept").values
-    assert all(float(v.result) < 5 for v in slept.values()), slept
+    assert all(float(v.result) < 60 for v in slept.values()), slept  # the 120 s sleep was cut short
     # a busy Python loop stops too
     _interrupt_when_started([tmp_path / f"busy-{r}" for r in range(2)])
     with pytest.raises(CallInterrupted):

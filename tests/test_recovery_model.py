@@ -22,6 +22,7 @@ from monarch_nb.telemetry.events import (
     RunStarted,
     Step,
     TornDown,
+    WorkerFailed,
 )
 
 T = 1000.0
@@ -163,6 +164,26 @@ def test_survivor_stall_counts_only_groups_that_stayed_up():
     recs = {r.replica: r for r in history_of(evs).recoveries()}
     assert recs[1].survivor_stall_s == pytest.approx(1.7) and recs[1].survivor_stall_steps == pytest.approx(3.4)
     assert recs[2].survivor_stall_s == pytest.approx(0.5) and recs[2].survivor_stall_steps == pytest.approx(1.0)
+
+
+def test_monarchs_late_report_explains_a_pid_check_that_only_knew_the_process_was_gone():
+    def detected(reason):
+        return [FaultInjected(t=T, fault="segfault", replica=1, rank=0, step=None),
+                FailureDetected(t=T + 0.1, replica=1, rank=0, reason=reason, detection_s=0.1, source="pid")]
+
+    late = WorkerFailed(t=T + 0.5, mesh="replica1", rank=0, reason="the process ... failed: Killed(sig=11)", late=True)
+    (rec,) = tracked(detected("process 7 of rank 0 is gone (found by pid check)") + [late])
+    assert (rec.reason, rec.detected_by) == (late.reason, "pid, explained by supervision")
+    # the pid check said how it ended: a later report that says less (or nothing) does not replace it
+    knew = "process 7 of rank 0 killed by signal 11 (SIGSEGV) (found by pid check)"
+    no_status = WorkerFailed(t=T + 0.5, mesh="replica1", rank=0, late=True,
+                             reason="the process this actor was running on failed: Failed(wait failed: No child processes)")
+    (rec,) = tracked(detected(knew) + [no_status])
+    assert (rec.reason, rec.detected_by) == (knew, "pid")
+    timeout = WorkerFailed(t=T + 30, mesh="replica1", rank=0, late=True,
+                           reason="timeout waiting for message from proc mesh agent. The process likely crashed")
+    (rec,) = tracked(detected("process 7 of rank 0 is gone (found by pid check)") + [timeout])
+    assert rec.detected_by == "pid", "a timeout is no account of how the process ended"
 
 
 def test_open_run_gives_the_same_recoveries_as_the_live_store(tmp_path):

@@ -148,11 +148,20 @@ def test_torchtitan_device_globals_follow_ours():
 
 
 def test_triton_stub_stands_for_the_module_torchtitan_imports():
+    import torch
+
     assert importlib.util.find_spec("torchtitan.distributed.minimal_async_ep") is not None
     seam.stub_triton_kernels()
     from torchtitan.models.common import ScaledDotProductAttention  # the import that needs it
 
-    assert ScaledDotProductAttention is not None
+    # the inner attention the trainer swaps in for CPU runs forward and backward here
+    attention = ScaledDotProductAttention(ScaledDotProductAttention.Config())
+    q, k, v = (torch.randn(1, 4, 2, 8, requires_grad=True) for _ in range(3))  # (batch, seq, heads, head dim)
+    out = attention(q, k, v)
+    assert out.shape == q.shape
+    assert torch.allclose(out[:, 0], v[:, 0]), "causal: the first position attends to itself only"
+    out.sum().backward()
+    assert all(t.grad is not None and torch.isfinite(t.grad).all() for t in (q, k, v))
 
 
 def test_blocking_get_notices_come_from_the_named_logger_and_the_kernel_drops_them():

@@ -73,7 +73,8 @@ def test_a_call_past_its_deadline_names_the_silent_ranks(session):
     started = time.monotonic()
     with pytest.raises(CallTimeout) as err:
         session.deadline(workers, 3.0).slow_on.call(1, 60.0)
-    assert time.monotonic() - started < 6.0
+    took = time.monotonic() - started
+    assert took < 30, f"the call took {took:.1f} s: it waited for rank 1's 60 s instead of its 3 s deadline"
     assert err.value.missing_ranks == [1]
     assert set(err.value.partial) == {0, 2}
     assert "ranks [1] did not answer within 3 s" in str(err.value)
@@ -100,7 +101,9 @@ def test_a_killed_worker_is_detected_within_seconds_and_the_rest_stay_usable(ses
     os.kill(mesh.procs[1].pid, signal.SIGKILL)
     wait_for(lambda: seen, 10, "the failure event")
     detected_after = seen[0][0] - killed_at
-    assert detected_after < 3.0, f"detection took {detected_after:.2f} s"
+    # with our supervision poll of 1 s Monarch reports a kill in ~0.05-1 s (its default of 10 s
+    # would take ~10 s): 5 s is 5x the typical worst
+    assert detected_after < 5.0, f"kill -> failure event took {detected_after:.2f} s"
     event = seen[0][1]
     assert (event.mesh, event.rank) == ("main", 1) and "Killed" in event.reason
     assert len([e for _, e in seen if e.rank == 1]) == 1, "one failure must be reported once"
@@ -145,7 +148,9 @@ def test_down_with_kill_does_not_wait_on_a_hung_worker(session):
     started = time.monotonic()
     session.down("main", kill=True)
     assert_gone(pids, timeout=5)
-    assert time.monotonic() - started < 6.0
+    took = time.monotonic() - started
+    # a kill teardown takes ~0.1 s; 6 s is a sanity bound, far from the 60 s the hang lasts
+    assert took < 6.0, f"down(kill=True) of a mesh with a hung rank took {took:.1f} s"
 
 
 def test_multi_host_mesh_through_process_job(session):

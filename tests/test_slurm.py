@@ -58,12 +58,15 @@ def test_a_cancelled_allocation_fails_its_mesh_within_seconds(session):
     session.on_failure(failures.append)
     t0 = time.monotonic()
     subprocess.run(["scancel", mesh.allocation.job_id], check=True)
-    wait_for(lambda: failures, 5, "the session to notice the cancelled allocation")
-    assert time.monotonic() - t0 < 5
+    wait_for(lambda: failures, 10, "the session to notice the cancelled allocation")
+    took = time.monotonic() - t0
+    # the job watcher polls every 1 s (JOB_WATCH_INTERVAL_S): typically ~1-2 s; 10 s is >= 5x
+    assert took < 10, f"scancel -> mesh failure took {took:.1f} s"
     assert "CANCELLED" in failures[0].reason and failures[0].mesh == "victim"
     t0 = time.monotonic()
     session.down("victim")  # nothing left to stop politely: no wait
-    assert time.monotonic() - t0 < 3
+    took = time.monotonic() - t0
+    assert took < 10, f"down of a cancelled allocation took {took:.1f} s: it waited out the polite stop's 10 s"
 
 
 @pytest.mark.parametrize("spec, hosts, expected", [
@@ -131,7 +134,9 @@ def test_cluster_fault_is_recovered_on_a_fresh_allocation_healed_from_a_peer(slu
     victim, since, rejoined, identical, old_job, new_job, node = outcomes[kind]
     recovery = next(r for r in run.history().recoveries() if r.fault == kind)
     assert recovery.replica == victim and recovery.status == "recovered"
-    assert recovery.detection_s is not None and recovery.detection_s < 5, recovery
+    # noticed by the session's job watcher (polls every 1 s): typically ~1-2 s; 10 s is >= 5x
+    assert recovery.detection_s is not None and recovery.detection_s < 10, \
+        f"detection_s={recovery.detection_s}: {kind} -> failure noticed; {recovery}"
     assert recovery.acquired_how == "allocation" and new_job != old_job and not queued(old_job)
     (healed,) = [e for e in run.events.events(Healed) if since <= e.t <= rejoined.t and e.replica == victim]
     assert healed.source_replica in {0, 1, 2} - {victim} and healed.bytes > 1_000_000
@@ -162,4 +167,6 @@ def test_a_killed_kernel_releases_its_allocations(kernel):
     os.kill(km.provisioner.process.pid, 9)
     t0 = time.monotonic()
     wait_for(lambda: not queued(job_id), 15, f"the reaper to cancel SLURM job {job_id}")
-    assert time.monotonic() - t0 < 10
+    took = time.monotonic() - t0
+    # the reaper polls every 0.25 s, then scancel: typically ~1-2 s; 10 s is >= 5x
+    assert took < 10, f"kernel killed -> SLURM job {job_id} gone took {took:.1f} s"

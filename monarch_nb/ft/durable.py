@@ -108,7 +108,7 @@ class DurableCheckpointer:
         self.root, self.every, self.keep = Path(root), every, keep
         self.rank, self.group_size = rank, group_size
         self._state, self._meta, self._emit, self._pg = state, meta, emit, process_group
-        self._pending: tuple[int, Future, float, float, int] | None = None
+        self._pending: tuple[int, Future, float, float, int, list[float]] | None = None
 
     def after_commit(self, step: int, saver: bool) -> None:
         """Called after every committed step: finish a save that is done, start one when due."""
@@ -134,13 +134,15 @@ class DurableCheckpointer:
             self._emit({"kind": "checkpoint_failed", "step": step, "rank": self.rank, "t": time.time(),
                         "error": f"{type(exc).__name__}: {exc}"[:300]})
             return
+        written: list[float] = []  # when the write ended (in DCP's writer thread, or at once if it wrote here)
+        future.add_done_callback(lambda _: written.append(time.time()))
         stall = time.time() - t0
-        self._pending = (step, future, t0, stall, tensor_bytes(state))
+        self._pending = (step, future, t0, stall, tensor_bytes(state), written)
 
     def _finish_if_done(self, wait: bool = False) -> None:
         if self._pending is None:
             return
-        step, future, t0, stall, nbytes = self._pending
+        step, future, t0, stall, nbytes, written = self._pending
         if not wait and not future.done():
             return
         self._pending = None
@@ -159,7 +161,8 @@ class DurableCheckpointer:
                         "error": f"{type(exc).__name__}: {exc}"[:300]})
             return
         self._emit({"kind": "checkpoint_saved", "step": step, "rank": self.rank, "bytes": nbytes,
-                    "seconds": time.time() - t0, "stall": stall, "path": str(path), "t": time.time()})
+                    "seconds": (written[0] if written else time.time()) - t0, "stall": stall, "path": str(path),
+                    "t": time.time()})
 
     def close(self, timeout: float | None = None) -> int | None:
         """The run is stopping: finish a save still writing, waiting at most ``timeout`` seconds

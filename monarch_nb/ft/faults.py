@@ -59,6 +59,17 @@ class FaultKind(str, enum.Enum):
 # Faults the controller makes happen through the cluster's scheduler, not inside a worker.
 CLUSTER_KINDS = frozenset({FaultKind.PREEMPT, FaultKind.NODE_DOWN})
 
+EXIT_CODE = 13  # what the ``exit`` fault exits with
+
+# How a process ends once it fired a fault of these kinds (by kind value), in the words of
+# ``monarch_nb.meshes.exit_status``: the pid check's account of a process whose exit status
+# Monarch reaped before it could be read, but which recorded the firing in the fault log.
+ENDS_PROCESS = {
+    FaultKind.KILL.value: f"killed by signal {int(signal.SIGKILL)} (SIGKILL)",
+    FaultKind.SEGFAULT.value: f"killed by signal {int(signal.SIGSEGV)} (SIGSEGV)",
+    FaultKind.EXIT.value: f"exited with code {EXIT_CODE}",
+}
+
 
 class InjectedException(RuntimeError):
     """What the ``exception`` fault raises inside the train step."""
@@ -117,10 +128,6 @@ class FaultSchedule:
             raise ValueError(f"at_once: must be an integer >= 1, got {self.at_once!r}")
         self._rng = random.Random(self.seed)
 
-    def next_target(self, replicas: int, group_size: int, eligible: Sequence[int]) -> Fault | None:
-        wave = self.next_wave(group_size, eligible, 1)
-        return wave[0] if wave else None
-
     def next_wave(self, group_size: int, eligible: Sequence[int], limit: int) -> list[Fault]:
         """Up to ``at_once`` faults (and at most ``limit``) into distinct eligible groups."""
         pool = list(eligible)
@@ -169,7 +176,7 @@ def fire(kind: FaultKind, *, abort_comms: Any = None, hang_s: float = 30.0) -> N
 
         ctypes.string_at(0)  # NULL read: a genuine SIGSEGV
     elif kind is FaultKind.EXIT:
-        os._exit(13)
+        os._exit(EXIT_CODE)
     elif kind is FaultKind.EXCEPTION:
         raise InjectedException("injected exception inside the train step")
     elif kind is FaultKind.COMMS:

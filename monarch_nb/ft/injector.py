@@ -5,7 +5,8 @@ target that is not running, and hands it to the target rank's trainer, which arm
 step. A worker appends a line to the run's fault log (``faults.jsonl``) just before it fires
 a fault, because the process may be gone a moment later; :meth:`FaultInjector.fired_time`
 reads that log, so detection latency is measured from the fault itself, not from the
-injection. The schedule thread injects random faults every N seconds and never takes the
+injection, and :meth:`FaultInjector.fired_by` tells the pid check how a process that fired
+a fault ended when its exit status was reaped before it could be read. The schedule thread injects random faults every N seconds and never takes the
 last training group down.
 """
 
@@ -105,23 +106,37 @@ class FaultInjector:
             self._schedule_stop.set()
             self._schedule_stop = None
 
+    def _read_log(self) -> None:
+        """Take in the fault log's new lines (call with the lock held)."""
+        try:
+            with open(self.fault_log, encoding="utf-8") as f:
+                f.seek(self._log_pos)
+                for line in f:
+                    try:
+                        self._fired.append(json.loads(line))
+                    except json.JSONDecodeError:
+                        continue
+                self._log_pos = f.tell()
+        except FileNotFoundError:
+            pass
+
     def fired_time(self, replica: int) -> float | None:
         """When the latest not yet claimed fault aimed at ``replica`` fired (from the fault log);
         each firing is claimed by one failure."""
         with self._lock:
-            try:
-                with open(self.fault_log, encoding="utf-8") as f:
-                    f.seek(self._log_pos)
-                    for line in f:
-                        try:
-                            self._fired.append(json.loads(line))
-                        except json.JSONDecodeError:
-                            continue
-                    self._log_pos = f.tell()
-            except FileNotFoundError:
-                return None
+            self._read_log()
             for rec in reversed(self._fired):
                 if rec.get("replica") == replica and not rec.get("_claimed"):
                     rec["_claimed"] = True
                     return float(rec["t"])
+        return None
+
+    def fired_by(self, pid: int) -> str | None:
+        """The kind of the latest fault process ``pid`` recorded firing, from the fault log (it
+        writes the line just before it fires); None if it fired none."""
+        with self._lock:
+            self._read_log()
+            for rec in reversed(self._fired):
+                if rec.get("pid") == pid:
+                    return str(rec.get("fault"))
         return None

@@ -256,12 +256,15 @@ class RecoveryTracker:
 
     def _explain(self, e: WorkerFailed) -> Recovery | None:
         """Monarch's report of how a process died, arriving after our own pid check acted on it,
-        becomes the reason of that recovery (the pid check only knows the process is gone)."""
+        becomes the reason of that recovery when the pid check only knew that the process is
+        gone (it could read neither the exit status nor a fault it fired)."""
         if not e.mesh.startswith("replica") or not e.mesh[len("replica"):].isdigit():
             return None
         replica = int(e.mesh[len("replica"):])
         rec = next((r for r in reversed(self.recoveries) if r.replica == replica), None)
         if rec is None or rec.detected_by != "pid" or rec.detected_t is None or e.t - rec.detected_t > 60:
+            return None
+        if " is gone (" not in rec.reason:  # the pid check said how it ended; Monarch may say less
             return None
         if "timeout waiting" in e.reason:  # Monarch noticing the processes we tore down: no explanation
             return None

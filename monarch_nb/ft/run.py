@@ -313,7 +313,7 @@ class FTRun:
             sup = self.supervisor = Supervisor(cfg, self._session, self.groups, self.placement,
                                                EventIngest(cfg.group_size), self.identity, self.events.append,
                                                self.faults.fired_time, self._trainer_args,
-                                               lambda: self.lighthouse.address)
+                                               lambda: self.lighthouse.address, fired_by=self.faults.fired_by)
             if cfg.checkpoint_every or cfg.recovery == "restart":
                 sup.checkpoint_dir = str(self.checkpoint_dir)
             sup.log_dir = str(self.log_dir)

@@ -89,13 +89,14 @@ class SparePool:
             return
         self._set(spare, READY, f"built in {time.monotonic() - t0:.1f} s")
 
-    def take(self) -> Spare | None:
-        """A ready spare for a failed group, or None; a replacement starts building."""
+    def take(self, by: str = "") -> Spare | None:
+        """A ready spare for the failed group ``by``, or None; a replacement starts building."""
         with self._lock:
             spare = next((s for s in self._spares if s.state == READY), None)
             if spare is not None:
                 spare.state = TAKEN
         if spare is not None:
+            self._emit(SpareState(spare=spare.index, state=TAKEN, detail=f"by {by}" if by else ""))
             self.fill()
         return spare
 

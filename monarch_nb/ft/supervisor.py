@@ -33,6 +33,7 @@ from ..telemetry.events import (
     TornDown,
 )
 from .durable import latest_complete
+from .faults import ENDS_PROCESS
 from .config import RunConfig
 from .groups import (
     FAILED,
@@ -76,13 +77,15 @@ class Supervisor:
                  ingest: EventIngest, identity: IdentityChecks, emit: Callable[[Event], None],
                  fired_time: Callable[[int], float | None],
                  trainer_args: Callable[[ReplicaGroup | None, int | None], tuple],
-                 lighthouse: Callable[[], str]) -> None:
+                 lighthouse: Callable[[], str], fired_by: Callable[[int], str | None] = lambda pid: None) -> None:
         """``trainer_args(group, store_port)`` are TrainerActor's arguments (group None: a spare);
-        ``lighthouse()`` is the Lighthouse's address now."""
+        ``lighthouse()`` is the Lighthouse's address now; ``fired_by(pid)`` the kind of fault a
+        process recorded firing (the fault log), if any."""
         self.config, self.session, self.groups, self.placement = config, session, groups, placement
         self.ingest, self.identity, self._emit = ingest, identity, emit
         self.run_events: Any = getattr(emit, "__self__", None)  # the run's EventStore (emit is its append)
         self._fired_time, self._trainer_args, self._lighthouse = fired_time, trainer_args, lighthouse
+        self._fired_by = fired_by
         self.checkpoint_dir: str | None = None  # set by the run when durable checkpoints are on
         self.log_dir: str | None = None  # where the workers write (the run's logs/); None: the session's
         self._lost_lock = threading.Lock()
@@ -276,8 +279,15 @@ class Supervisor:
         here = socket.gethostname()
         for rank, (pid, host) in enumerate(g.procs):
             if host == here and not pid_alive(pid):
-                how = exit_status(pid) or "is gone"
-                return Failure(f"process {pid} of rank {rank} {how} (found by pid check)", rank, time.time(), "pid")
+                how, found = exit_status(pid), "found by pid check"
+                if how is None:
+                    # Monarch's runtime reaps its children at once, so the exit status is usually
+                    # gone; a process that wrote in the fault log that it fired a fault which
+                    # ends a process ended the way that fault does.
+                    kind = self._fired_by(pid)
+                    how = ENDS_PROCESS.get(kind or "")
+                    found += f"; it fired an injected {kind} fault, per the fault log" if how else ""
+                return Failure(f"process {pid} of rank {rank} {how or 'is gone'} ({found})", rank, time.time(), "pid")
         return None
 
     def check(self, g: ReplicaGroup) -> Failure | None:
@@ -297,6 +307,9 @@ class Supervisor:
         if told is not None:  # supervision spoke while we were waiting
             return told
         if result.errors:
+            dead = self._dead_rank(g)  # a call fails when its process died during it: say how it ended
+            if dead is not None:
+                return dead
             rank, err = sorted(result.errors.items())[0]
             return Failure(f"unreachable: {type(err).__name__}: {str(err)[:300]}", rank, time.time(), "endpoint")
         for rank, value in sorted(result.values.items()):
@@ -392,12 +405,12 @@ class Supervisor:
                                        detection_s=(failure.t - fired) if fired else None, source=failure.source,
                                        stack=failure.stack))
             groups = self.groups.active()
-            last = self.progress()
             for h in groups:
                 self.set_state(h, FAILED if h is g else RESPAWNING, failure.reason[:200] if h is g else "restart")
             t0 = time.monotonic()
             self.session.down_many([h.name for h in groups], kill=True)
             self._emit(TornDown(replica=g.index, seconds=time.monotonic() - t0))
+            last = self.progress()  # read once no group trains: a poll in flight has landed
             checkpoint = latest_complete(self.checkpoint_dir) if self.checkpoint_dir else None
             start = time.time()
             for h in groups:
@@ -471,7 +484,7 @@ class Supervisor:
     def acquire(self, g: ReplicaGroup, t0: float) -> None:
         """Processes and built trainers for ``g``: a ready spare if there is one, else fresh ones
         (spawned, or a new allocation). Records the ``acquired`` phase."""
-        spare = self.spares.take() if self.spares is not None else None
+        spare = self.spares.take(g.name) if self.spares is not None else None
         if spare is not None:
             self.adopt(g, spare)
             self._emit(Acquired(replica=g.index, how="spare", seconds=time.time() - t0))

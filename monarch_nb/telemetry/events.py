@@ -124,7 +124,8 @@ class ReplicaState(Event):
 @dataclass(frozen=True, kw_only=True)
 class CheckpointSaved(Event):
     """A durable checkpoint is complete on disk. ``stall`` is what the training step lost to it
-    (staging a copy); ``seconds`` the whole write, off the critical path."""
+    (staging a copy); ``seconds`` from the save's start to the end of its write, off the critical
+    path (a write on the training thread would end within the stall)."""
 
     kind: ClassVar[str] = "checkpoint_saved"
     replica: int
