@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Iterable
 
-from ..telemetry.events import CheckpointFailed, CheckpointSaved, Event, Healed, Quorum, QuorumTimedOut, Rejoined, Step
+from ..telemetry.events import CheckpointFailed, CheckpointSaved, CommsRetry, Event, Healed, Quorum, QuorumTimedOut, Rejoined, Step
 
 
 @dataclass(frozen=True)
@@ -84,6 +84,9 @@ class EventIngest:
                                   seconds=float(ev["seconds"]), stall=float(ev["stall"]), path=str(ev["path"]))
         elif kind == "checkpoint_failed" and rank == 0:
             yield CheckpointFailed(t=t, replica=replica, step=int(ev["step"]), error=str(ev.get("error", "")))
+        elif kind == "comms_retry" and rank == 0:
+            yield CommsRetry(t=t, replica=replica, reason=str(ev.get("reason", "")), attempt=int(ev.get("attempt", 1)),
+                             step=int(ev.get("step", 0)))
         elif kind == "quorum_timeout" and rank == 0:
             yield QuorumTimedOut(t=t, replica=replica, error=str(ev.get("error", "")))
         elif kind == "hashes":
