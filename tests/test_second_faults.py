@@ -150,3 +150,42 @@ def test_an_allocation_requested_by_a_controller_that_dies_before_its_mesh_is_up
         if left:
             subprocess.run(["scancel", left[0]], capture_output=True)
     assert "mesh up" not in (proc.stdout.read() if proc.stdout else "")
+
+
+# ---- the second-fault matrix: one cell per phase the controller sees ------------------------
+
+MATRIX = [("detect", "survivor", "kill"), ("teardown", "donor", "comms"), ("acquire", "donor", "kill"),
+          ("build", "survivor", "comms"), ("quorum", "victim", "kill"), ("rejoin", "victim", "comms")]
+
+
+@pytest.fixture(scope="module")
+def matrix(tmp_path_factory):
+    from monarch_nb.ft.chaos import Cell, run_trial
+
+    run = FTRun(RunConfig(replicas=3, runs_root=str(tmp_path_factory.mktemp("chaos"))))
+    records = {}
+    try:
+        run.start()
+        run.wait_for_step(3, timeout=240)
+        for n, cell in enumerate(MATRIX):
+            records[cell] = run_trial(run, Cell(*cell), trial=n)
+    finally:
+        run.stop()
+    return run, records
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("cell", MATRIX, ids=["-".join(c) for c in MATRIX])
+def test_a_second_fault_at_each_phase_fails_no_healthy_group_and_loses_nothing(matrix, cell):
+    run, records = matrix
+    rec = records[cell]
+    assert rec.fired, rec
+    assert rec.healthy_failed == 0, rec
+    assert not rec.state_lost and rec.recovered and rec.identical, rec
+    assert (rec.second == rec.victim) == (cell[1] == "victim"), rec
+
+
+@pytest.mark.slow
+def test_the_matrix_run_left_no_process(matrix):
+    run, _ = matrix
+    assert_gone(run.spawned_pids + [run.lighthouse_pid], timeout=20)

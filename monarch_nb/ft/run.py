@@ -44,7 +44,7 @@ from ..telemetry.events import (
 from .config import MAX_GROUPS, RunConfig
 from .durable import META, CheckpointInfo, latest_complete, list_checkpoints
 from .faults import Fault, FaultKind, FaultSchedule, record_firing
-from .groups import GAVE_UP, RETIRED, STARTING, STOPPED, TRAINING, GroupTable, ReplicaGroup
+from .groups import GAVE_UP, HEALING, RETIRED, STARTING, STOPPED, TRAINING, GroupTable, ReplicaGroup
 from .history import RunHistory
 from .identity import IdentityChecks
 from .ingest import EventIngest
@@ -375,6 +375,20 @@ class FTRun:
         """
         return self.faults.inject(kind, replica, rank, at_step=at_step, after_s=after_s, hang_s=hang_s,
                                   during=during)
+
+    def disarm(self) -> int:
+        """Drop every armed fault that has not fired yet (in every training or healing group);
+        returns how many were dropped."""
+        dropped = 0
+        for g in self.groups.active():
+            if g.actors is None or g.state not in (TRAINING, HEALING):
+                continue
+            try:
+                result = self._session.deadline(g.actors, 10.0).disarm.call()
+                dropped += sum(result.values.values())
+            except Exception:
+                continue  # a group that cannot answer has no fault left to fire
+        return dropped
 
     def schedule(self, every: float, kinds: Any = ("kill",), seed: int | None = None,
                  max_faults: int | None = None, rank: int | None = None, at_once: int = 1) -> FaultSchedule:

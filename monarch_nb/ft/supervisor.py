@@ -308,8 +308,13 @@ class Supervisor:
                 return Failure(value.get("failure") or "trainer reported failure", rank, time.time(), "trainer")
         if any(v.get("state") == "waiting_for_peer" for v in result.values.values()):
             if g.state != WAITING:
-                self.set_state(g, WAITING, "behind the run's progress and no live peer holds the run's state")
+                self.set_state(g, WAITING, "behind the run's progress, and its quorum has no peer that holds the "
+                                           "run's state")
             self._no_peer_left()
+        elif g.state == WAITING and result.values:
+            # It trains again (a poll can carry its first committed step while the state it read
+            # was still the wait's): back to what the events say it is.
+            self.set_state(g, HEALING if self.ingest.awaiting_rejoin(g.index) else TRAINING)
         if not result.missing:
             g.last_answer = now
             if all(v.get("state") == "finished" for v in result.values.values()):

@@ -214,6 +214,13 @@ class TrainerActor(Actor):
         return step
 
     @endpoint
+    def disarm(self) -> int:
+        """Drop the faults armed here that have not fired; returns how many."""
+        with self._lock:
+            n, self._armed = len(self._armed), []
+        return n
+
+    @endpoint
     def hash_at(self, step: int) -> bool:
         """Emit a ``hashes`` event after committing ``step``; False if it is already past."""
         if self.trainer.current_step() >= step:
