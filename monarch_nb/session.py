@@ -152,6 +152,8 @@ class Session:
         allocation = None
         if host_mesh is None:
             allocation = jobs.allocate(job, hosts=hosts, procs=procs, name=name, log_dir=self.log_dir, env=env)
+            if allocation is not None:
+                allocation.on_submit = lambda commands: self._reaper.guard([], commands=commands)
             host_mesh = allocation.start() if allocation is not None else this_host()
         local = allocation is None or allocation.local
         # Hosts of this machine talk over loopback (gloo would pick an interface by hostname).

@@ -63,7 +63,8 @@ class RunConfig:
             failed group gets a fresh one) or "kubernetes".
         partition: job="slurm" only: the SLURM partition (None: the cluster's default).
         time_limit: job="slurm" only: wall-clock limit of each allocation, "MM", "HH:MM:SS"
-            or "D-HH:MM:SS" (None: the partition's default).
+            or "D-HH:MM:SS" (None: 24 hours; a group whose allocation runs out is recovered on a
+            fresh one, like a preempted one).
         allocation_timeout_s: job="slurm": seconds an allocation may stay pending before
             the start (or a recovery) gives up (default 120).
 

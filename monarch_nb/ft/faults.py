@@ -71,6 +71,14 @@ ENDS_PROCESS = {
 }
 
 
+# Moments of a recovery a worker-side fault can be aimed at (``Fault.during``): the next time this
+# process enters that phase. "quorum": before it asks for a quorum; "pg_setup": when it starts
+# building the new quorum's process group (its peers are connecting to it); "heal_send": when
+# it starts serving its state to a healing peer (the donor); "heal_recv": when it starts
+# fetching the state from a peer (the victim, mid-heal).
+PHASES = ("quorum", "pg_setup", "heal_send", "heal_recv")
+
+
 class InjectedException(RuntimeError):
     """What the ``exception`` fault raises inside the train step."""
 
@@ -83,6 +91,7 @@ class Fault:
     at_step: int | None = None  # fire when the trainer reaches this step
     after_s: float | None = None  # or fire this many seconds after injection
     hang_s: float = 30.0  # for HANG: how long the GIL is held
+    during: str | None = None  # or fire when the process next enters this phase (PHASES)
 
     def validate(self, replicas: int, group_size: int) -> None:
         FaultKind.parse(self.kind)
@@ -98,6 +107,14 @@ class Fault:
             raise ValueError(f"after_s: must be >= 0 seconds, got {self.after_s!r}")
         if self.hang_s <= 0:
             raise ValueError(f"hang_s: must be > 0 seconds, got {self.hang_s!r}")
+        if self.during is not None:
+            if self.during not in PHASES:
+                raise ValueError(f"during: unknown phase {self.during!r}; allowed values: {', '.join(PHASES)}")
+            if self.at_step is not None or self.after_s is not None:
+                raise ValueError("during/at_step/after_s: give at most one trigger")
+            if self.kind in CLUSTER_KINDS or self.kind is FaultKind.EXCEPTION:
+                raise ValueError(f"during: a {self.kind.value} fault cannot be aimed at a phase inside a worker; "
+                                 "allowed kinds: kill, segfault, exit, comms, hang")
         if self.kind in CLUSTER_KINDS and self.at_step is not None:
             raise ValueError(f"at_step: {self.kind.value} is done through the scheduler, which knows no steps; "
                              "give after_s=SECONDS or nothing (at once)")

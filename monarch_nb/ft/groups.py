@@ -16,11 +16,17 @@ from typing import Any
 # Every state a replica group can be in; the dashboard has a style for each.
 STARTING, TRAINING, FAILED, RESPAWNING, HEALING = "starting", "training", "failed", "respawning", "healing"
 STOPPED, GAVE_UP, FINISHED, RETIRING, RETIRED = "stopped", "gave_up", "finished", "retiring", "retired"
-GROUP_STATES = (STARTING, TRAINING, FAILED, RESPAWNING, HEALING, STOPPED, GAVE_UP, FINISHED, RETIRING, RETIRED)
+# Alive and behind the run's progress, with no live peer that holds the run's state (every group
+# was lost): it waits for a checkpoint load, a peer, or the user's restart_from_scratch().
+WAITING = "waiting"
+GROUP_STATES = (STARTING, TRAINING, FAILED, RESPAWNING, HEALING, WAITING, STOPPED, GAVE_UP, FINISHED, RETIRING,
+                RETIRED)
 # States in which the supervisor has nothing more to do.
 TERMINAL = (STOPPED, GAVE_UP, FINISHED, RETIRING, RETIRED)
 # States in which a new failure report is news (not a repeat of one being handled).
-WATCHED = (STARTING, TRAINING, HEALING)
+WATCHED = (STARTING, TRAINING, HEALING, WAITING)
+# States whose processes are gone for good: such a group shows no pids and is waited on by no one.
+GONE = (STOPPED, GAVE_UP, RETIRING, RETIRED)
 
 
 @dataclass(frozen=True)
@@ -120,11 +126,17 @@ class GroupTable:
             group.failure = None
             group.last_answer = now
 
+    def live(self) -> list[ReplicaGroup]:
+        """Groups a wait for a step can count on: all but the retired and given-up ones
+        (finished groups count: they reached the last step)."""
+        with self.lock:
+            return [g for g in self.groups if g.state not in (GAVE_UP, RETIRING, RETIRED)]
+
     def training(self) -> list[ReplicaGroup]:
         with self.lock:
             return [g for g in self.groups if g.state == TRAINING]
 
     def status(self) -> dict[int, dict[str, Any]]:
         with self.lock:
-            return {g.index: {"state": g.state, "step": g.step, "attempts": g.attempts, "pids": g.pids}
-                    for g in self.groups}
+            return {g.index: {"state": g.state, "step": g.step, "attempts": g.attempts,
+                              "pids": [] if g.state in GONE else g.pids} for g in self.groups}

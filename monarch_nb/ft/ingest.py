@@ -14,7 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Iterable
 
-from ..telemetry.events import CheckpointAbandoned, CheckpointFailed, CheckpointSaved, Event, Healed, Quorum, QuorumTimedOut, Rejoined, Step
+from ..telemetry.events import (CheckpointAbandoned, CheckpointFailed, CheckpointSaved, CommsRetry, Event, Healed,
+                                Quorum, QuorumTimedOut, Rejoined, Step)
 
 
 @dataclass(frozen=True)
@@ -86,6 +87,9 @@ class EventIngest:
             yield CheckpointFailed(t=t, replica=replica, step=int(ev["step"]), error=str(ev.get("error", "")))
         elif kind == "checkpoint_abandoned" and rank == 0:
             yield CheckpointAbandoned(t=t, replica=replica, step=int(ev["step"]), reason=str(ev.get("reason", "")))
+        elif kind == "comms_retry" and rank == 0:
+            yield CommsRetry(t=t, replica=replica, reason=str(ev.get("reason", "")), attempt=int(ev.get("attempt", 1)),
+                             step=int(ev.get("step", 0)))
         elif kind == "quorum_timeout" and rank == 0:
             yield QuorumTimedOut(t=t, replica=replica, error=str(ev.get("error", "")))
         elif kind == "hashes":

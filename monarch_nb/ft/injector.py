@@ -36,9 +36,9 @@ class FaultInjector:
         self._schedule_stop: threading.Event | None = None
 
     def inject(self, kind: str | FaultKind, replica: int = 0, rank: int = 0, *, at_step: int | None = None,
-               after_s: float | None = None, hang_s: float = 30.0) -> Fault:
+               after_s: float | None = None, hang_s: float = 30.0, during: str | None = None) -> Fault:
         fault = Fault(kind=FaultKind.parse(kind), replica=replica, rank=rank, at_step=at_step, after_s=after_s,
-                      hang_s=hang_s)
+                      hang_s=hang_s, during=during)
         fault.validate(len(self._groups.groups), self.group_size)  # groups added by scale() count
         if not self._running():
             raise RuntimeError("inject: the run is not running (call start() first)")

@@ -76,10 +76,6 @@ class _Retry:
     compute_s: float
 
 
-class CommsBroken(RuntimeError):
-    """This group cannot talk to its peers any more; it must be replaced."""
-
-
 def _replica_index(replica_id: str) -> int | None:
     """'replica_2:uuid' -> 2."""
     head = replica_id.split(":", 1)[0]
@@ -105,6 +101,9 @@ class ReplicaTrainer:
         t0 = time.time()
         self.cfg, self.replica, self.rank, self.group_size = cfg, replica, rank, group_size
         self.emit = emit
+        # Called with the name of each phase of a quorum or heal this rank enters (faults.PHASES):
+        # where faults aimed at a moment of a recovery fire (set by the trainer actor).
+        self.phase_hook: Callable[[str], None] | None = None
         seam.stub_triton_kernels()
         import torch
 
@@ -302,6 +301,13 @@ class ReplicaTrainer:
             pg = torchft.ProcessGroupNCCL(timeout=timeout)
         else:
             pg = torchft.ProcessGroupGloo(timeout=timeout)
+        configure = pg.configure
+
+        def configure_in_phase(*args: Any, **kwargs: Any) -> Any:  # the quorum's process group is built
+            self._phase("pg_setup")
+            return configure(*args, **kwargs)
+
+        pg.configure = configure_in_phase
         self.ft_pg = pg
         self._recv_info: dict[str, Any] | None = None
         self.transport = self._heal_transport(str(self.cfg.get("heal_transport") or "http"), host, pg, timeout)
@@ -334,6 +340,7 @@ class ReplicaTrainer:
 
         def recorded(recv: Callable[..., Any]) -> Callable[..., Any]:
             def recv_checkpoint(src_rank: int, metadata: str, step: int, timeout: timedelta) -> Any:
+                trainer._phase("heal_recv")
                 t = time.time()
                 state = recv(src_rank, metadata, step, timeout)
                 trainer._recv_info = {"seconds": time.time() - t, "bytes": _tensor_bytes(state),
@@ -357,7 +364,19 @@ class ReplicaTrainer:
             if _is_loopback(host):  # peers are on this machine: nothing else may fetch our state
                 seam.rebind_http_transport(transport, host)
         transport.recv_checkpoint = recorded(transport.recv_checkpoint)
+        send = transport.send_checkpoint
+
+        def send_checkpoint(*args: Any, **kwargs: Any) -> Any:  # we are a donor: a peer heals from us
+            trainer._phase("heal_send")
+            return send(*args, **kwargs)
+
+        transport.send_checkpoint = send_checkpoint
         return transport
+
+    def _phase(self, name: str) -> None:
+        hook = self.phase_hook
+        if hook is not None:
+            hook(name)
 
     def listening(self) -> dict[str, int | None]:
         """The TCP ports this rank's torchft parts listen on (what ``ss -ltnp`` shows)."""
@@ -491,6 +510,7 @@ class ReplicaTrainer:
         if self._pending_load is not None:
             path, self._pending_load = self._pending_load, None
             self.load_checkpoint(path)
+        self._phase("quorum")
         try:
             self.manager.start_quorum()
         except TimeoutError as exc:
@@ -501,8 +521,14 @@ class ReplicaTrainer:
                        "error": str(exc)[:200], "t": time.time()})
             self._new_manager()
             return {"kind": "quorum_timeout", "step": self.manager.current_step(), "committed": False}
+        except Exception as exc:  # noqa: BLE001 - the quorum machinery failed: a peer's doing
+            return self._comms_retry(f"the quorum failed: {type(exc).__name__}: {exc}")
         if self._last_quorum_id is not None and seam.process_group_is_down(self.ft_pg):
-            raise CommsBroken("the cross-replica process group is down and the new quorum did not rebuild it")
+            # The quorum formed, but building its process group failed: a member died while we
+            # connected to it (a store key that never came, a gloo connect timeout). Our state
+            # and step are intact; a peer's death is not our fault.
+            return self._comms_retry(self._pg_error() or "the cross-replica process group could not be built")
+        self._comms_retries = 0
         q = self.quorum_recorder.last
         participants = self.manager.num_participants()
         if q is not None and q.quorum_id != self._last_quorum_id:
@@ -586,6 +612,24 @@ class ReplicaTrainer:
                "quorum_id": self._last_quorum_id, "participants": participants, "t": t1}
         self.emit(rec)
         return rec
+
+    def _comms_retry(self, reason: str) -> dict[str, Any]:
+        """Cross-replica communication broke through no fault of ours (a peer died during the
+        quorum or while its process group was built). Keep the process, model, optimizer and
+        step; rebuild the torchft Manager in place, so the next quorum is a new one (a new
+        replica id) with a freshly built process group, and try again. Backs off while it
+        keeps failing, so a long outage is not a tight loop."""
+        self._comms_retries = getattr(self, "_comms_retries", 0) + 1
+        self.emit({"kind": "comms_retry", "replica": self.replica, "rank": self.rank, "reason": reason[:300],
+                   "attempt": self._comms_retries, "step": self.manager.current_step(), "t": time.time()})
+        self._new_manager()
+        time.sleep(min(0.1 * 2 ** min(self._comms_retries - 1, 5), 2.0))
+        return {"kind": "comms_retry", "step": self.manager.current_step(), "committed": False}
+
+    def _pg_error(self) -> str | None:
+        err = self.manager.errored() if self.manager is not None else None
+        return f"the process group of the new quorum could not be built: {type(err.original_exception).__name__}: " \
+               f"{err.original_exception}" if err is not None and hasattr(err, "original_exception") else None
 
     def _is_saver(self, q: Any) -> bool:
         """The lowest-numbered group of the quorum saves durable checkpoints: every group knows

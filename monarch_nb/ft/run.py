@@ -36,6 +36,7 @@ from ..telemetry.events import (
     LighthouseRestarted,
     LighthouseStarted,
     ReplicasIdentical,
+    RestartedFromScratch,
     Resumed,
     RunStarted,
     RunStopped,
@@ -45,7 +46,7 @@ from ..telemetry.events import (
 from .config import MAX_GROUPS, RunConfig
 from .durable import META, CheckpointInfo, latest_complete, list_checkpoints, remove_torn
 from .faults import Fault, FaultKind, FaultSchedule, record_firing
-from .groups import GAVE_UP, RETIRED, STARTING, STOPPED, TRAINING, GroupTable, ReplicaGroup
+from .groups import GAVE_UP, HEALING, RETIRED, STARTING, STOPPED, TRAINING, GroupTable, ReplicaGroup
 from .history import RunHistory
 from .identity import IdentityChecks
 from .ingest import EventIngest
@@ -242,6 +243,19 @@ class FTRun:
             out.update(self.supervisor.spares.status())
         return out
 
+    def restart_from_scratch(self) -> RestartedFromScratch:
+        """After every group was lost with no durable checkpoint (``all_groups_lost``), the groups
+        wait for a state holder rather than train on from scratch unasked. This is the way out:
+        they train again from the initial weights (identical on every group) from step 0; the
+        event log records what was lost. Refused while any group holds the run's state."""
+        if not self.started or self.stopped or self.supervisor is None:
+            raise RuntimeError("restart_from_scratch: the run is not running")
+        lost = self.supervisor.progress()
+        told = self.supervisor.restart_from_scratch()
+        event = RestartedFromScratch(lost_step=lost, replicas=told)
+        self.events.append(event)
+        return event
+
     # ---- elastic resize -----------------------------------------------------------------
 
     def scale(self, replicas: int, timeout: float | None = None) -> Scaled:
@@ -382,14 +396,31 @@ class FTRun:
     # ---- faults -----------------------------------------------------------------------
 
     def inject(self, kind: str | FaultKind, replica: int = 0, rank: int = 0, *, at_step: int | None = None,
-               after_s: float | None = None, hang_s: float = 30.0) -> Fault:
+               after_s: float | None = None, hang_s: float = 30.0, during: str | None = None) -> Fault:
         """Arm a fault in one process of one replica group.
 
         ``at_step=N`` fires inside step N; ``after_s=S`` fires in the first step after S
-        seconds; neither: the next step. Validated before anything is sent; a target that is
-        not training or healing is refused, naming the groups that are.
+        seconds; ``during=PHASE`` fires when the process next enters that phase of a quorum
+        or heal (``faults.PHASES``: quorum, pg_setup, heal_send, heal_recv); none: the next
+        step. Validated before anything is sent; a target that is not training or healing is
+        refused, naming the groups that are.
         """
-        return self.faults.inject(kind, replica, rank, at_step=at_step, after_s=after_s, hang_s=hang_s)
+        return self.faults.inject(kind, replica, rank, at_step=at_step, after_s=after_s, hang_s=hang_s,
+                                  during=during)
+
+    def disarm(self) -> int:
+        """Drop every armed fault that has not fired yet (in every training or healing group);
+        returns how many were dropped."""
+        dropped = 0
+        for g in self.groups.active():
+            if g.actors is None or g.state not in (TRAINING, HEALING):
+                continue
+            try:
+                result = self._session.deadline(g.actors, 10.0).disarm.call()
+                dropped += sum(result.values.values())
+            except Exception:
+                continue  # a group that cannot answer has no fault left to fire
+        return dropped
 
     def schedule(self, every: float, kinds: Any = ("kill",), seed: int | None = None,
                  max_faults: int | None = None, rank: int | None = None, at_once: int = 1) -> FaultSchedule:
@@ -403,7 +434,8 @@ class FTRun:
     def _arm_fault(self, fault: Fault) -> int | None:
         g = self.groups[fault.replica]
         actors = g.actors.slice(gpus=fault.rank) if self.config.group_size > 1 else g.actors
-        res = self._session.deadline(actors, 10.0).inject.call(fault.kind.value, fault.at_step, fault.hang_s)
+        res = self._session.deadline(actors, 10.0).inject.call(fault.kind.value, fault.at_step, fault.hang_s,
+                                                               fault.during)
         return next(iter(res.values.values()), None)
 
     def _cluster_fault(self, fault: Fault) -> int | None:
@@ -439,8 +471,9 @@ class FTRun:
         return self.events.wait_for(predicate, timeout, since=since)
 
     def wait_for_step(self, step: int, replicas: list[int] | None = None, timeout: float = 120.0) -> None:
-        """Block until the given groups (default: all) committed ``step``."""
-        want = set(replicas if replicas is not None else range(self.config.replicas))
+        """Block until the given groups committed ``step``; by default every live group (the
+        retired and given-up ones are no longer part of the run)."""
+        want = set(replicas if replicas is not None else [g.index for g in self.groups.live()])
         done: set[int] = set()
 
         def pred(e: Event) -> bool:

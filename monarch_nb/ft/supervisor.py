@@ -23,6 +23,7 @@ from ..meshes import exit_status, pid_alive
 from ..telemetry.events import (
     Acquired,
     AllGroupsLost,
+    CheckpointLoadFailed,
     Event,
     FailureDetected,
     GaveUp,
@@ -46,6 +47,7 @@ from .groups import (
     STARTING,
     TERMINAL,
     TRAINING,
+    WAITING,
     Failure,
     GroupTable,
     ReplicaGroup,
@@ -57,6 +59,7 @@ from .platform import DEVICE_SLOT_ENV
 from .spares import Spare, SparePool
 
 log = logging.getLogger(__name__)
+RESUME_RETRY_S = 5.0  # after a failed checkpoint load, the next try (at a poll that finds a group waiting)
 MAX_STACK_CHARS = 8000  # a stack kept with a failure event (its innermost frames are at the top)
 
 # Environment of worker processes (on top of the controller's, which they inherit): torchft's
@@ -90,6 +93,7 @@ class Supervisor:
         self.log_dir: str | None = None  # where the workers write (the run's logs/); None: the session's
         self._lost_lock = threading.Lock()
         self._lost_episode = False  # reset once a group trains again
+        self._resume_again_at: float | None = None  # a failed resume is tried again after this
         self._restart_lock = threading.Lock()
         self._restarting = threading.Event()
         self.spares: SparePool | None = None
@@ -263,7 +267,7 @@ class Supervisor:
                 return
             if self._restarting.is_set():  # every group is being restarted from disk by one thread
                 continue
-            if g.state == HEALING and self._finish_if_run_is_over(g):
+            if g.state in (HEALING, WAITING) and self._finish_if_run_is_over(g):
                 return
             try:
                 failure = self.check(g)
@@ -316,7 +320,14 @@ class Supervisor:
             if value.get("state") == "failed":
                 return Failure(value.get("failure") or "trainer reported failure", rank, time.time(), "trainer")
         if any(v.get("state") == "waiting_for_peer" for v in result.values.values()):
+            if g.state != WAITING:
+                self.set_state(g, WAITING, "behind the run's progress, and its quorum has no peer that holds the "
+                                           "run's state")
             self._no_peer_left()
+        elif g.state == WAITING and result.values:
+            # It trains again (a poll can carry its first committed step while the state it read
+            # was still the wait's): back to what the events say it is.
+            self.set_state(g, HEALING if self.ingest.awaiting_rejoin(g.index) else TRAINING)
         if not result.missing:
             g.last_answer = now
             if all(v.get("state") == "finished" for v in result.values.values()):
@@ -369,26 +380,63 @@ class Supervisor:
     def _no_peer_left(self) -> None:
         """Some group waits for a peer to heal from (it is behind the run's progress) and no group
         trains: every group was lost. Resume from the newest complete durable checkpoint, or say
-        that the state is lost and leave the groups waiting (they never train on from scratch)."""
+        once that the state is lost and leave the groups waiting for a state holder (they never
+        train on from scratch unless the user asks: ``FTRun.restart_from_scratch``)."""
         with self._lost_lock:
-            if any(g.state == TRAINING for g in self.groups) or self._lost_episode:
+            if any(g.state == TRAINING for g in self.groups):
                 return
-            self._lost_episode = True
+            first = not self._lost_episode
+            if not first and (self._resume_again_at is None or time.monotonic() < self._resume_again_at):
+                return
+            self._lost_episode, self._resume_again_at = True, None
         checkpoint = latest_complete(self.checkpoint_dir) if self.checkpoint_dir else None
         step = self.progress()
         if checkpoint is None:
             self._emit(AllGroupsLost(step=step, checkpoint=None,
                                      detail=f"no live peer and no durable checkpoint: the model state of step {step} "
-                                            "is lost; the groups wait (set checkpoint_every to survive this)"))
+                                            "is lost; the groups wait for a state holder. run.restart_from_scratch() "
+                                            "(%monarch restart --from-scratch) trains again from the initial weights; "
+                                            "set checkpoint_every to survive this"))
             return
-        self._emit(AllGroupsLost(step=step, checkpoint=str(checkpoint.path),
-                                 detail=f"no live peer: resuming from the checkpoint of step {checkpoint.step}"))
-        for g in self.groups.active():
-            try:
-                self.call(g, "load_checkpoint", str(checkpoint.path), timeout=60.0)
-            except Exception as exc:
-                log.warning("loading %s into %s: %s", checkpoint.path, g.name, exc)
+        if first:
+            self._emit(AllGroupsLost(step=step, checkpoint=str(checkpoint.path),
+                                     detail=f"no live peer: resuming from the checkpoint of step {checkpoint.step}"))
+        waiting = [g for g in self.groups if g.state in (WAITING, HEALING)]
+        failed: dict[int, str] = {}
+        for g in waiting:
+            for attempt in range(2):  # one retry: a load can lose a race with a poll
+                try:
+                    self.call(g, "load_checkpoint", str(checkpoint.path), timeout=60.0)
+                    failed.pop(g.index, None)
+                    break
+                except Exception as exc:
+                    failed[g.index] = f"{type(exc).__name__}: {str(exc)[:200]}"
+        if failed or not waiting:
+            # Not resumed: say so, and try again in a while (a respawned group may take the load).
+            self._emit(CheckpointLoadFailed(step=checkpoint.step, checkpoint=str(checkpoint.path),
+                                            replicas=sorted(failed),
+                                            error="; ".join(f"replica {r}: {e}" for r, e in sorted(failed.items()))
+                                            or "no group was waiting to load it"))
+            with self._lost_lock:
+                self._resume_again_at = time.monotonic() + RESUME_RETRY_S
+            return
         self._emit(Resumed(step=checkpoint.step, checkpoint=str(checkpoint.path), reason="all groups lost"))
+
+    def restart_from_scratch(self) -> list[int]:
+        """Every group was lost and no checkpoint exists: the groups waiting for a state holder
+        train again from their initial weights (identical on every group: one seed), from
+        step 0. Returns the groups told. Refused while any group holds the run's state."""
+        holders = [g.index for g in self.groups if g.state == TRAINING]
+        if holders:
+            raise RuntimeError(f"restart_from_scratch: replica group(s) {', '.join(map(str, holders))} hold the "
+                               "run's state and train: nothing is lost")
+        waiting = [g for g in self.groups if g.state == WAITING]
+        if not waiting:
+            raise RuntimeError("restart_from_scratch: no group is waiting for a state holder (states: "
+                               + ", ".join(f"replica{g.index}={g.state}" for g in self.groups) + ")")
+        for g in waiting:
+            self.call(g, "forget_progress", timeout=30.0)
+        return [g.index for g in waiting]
 
     # ---- restart mode (the traditional way) ----------------------------------------------
 

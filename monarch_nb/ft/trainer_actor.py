@@ -57,6 +57,7 @@ class TrainerActor(Actor):
         self.trainer = ReplicaTrainer(cfg, replica=replica, rank=self.rank, group_size=self.group_size,
                                      lighthouse=lighthouse, store_port=store_port, data_dir=data_dir,
                                      emit=self._emit)
+        self.trainer.phase_hook = self._phase_point
         self._state = "ready" if replica is not None else "spare"
         self._emit({"kind": "ready", "replica": replica, "rank": self.rank, "pid": os.getpid(),
                     "init_seconds": self.trainer.init_seconds, "platform": self.trainer.platform.describe(),
@@ -70,14 +71,25 @@ class TrainerActor(Actor):
 
     def _fault_point(self, step: int) -> None:
         with self._lock:
-            due = [f for f in self._armed if f["at_step"] is None or f["at_step"] <= step]
+            due = [f for f in self._armed if f.get("during") is None and (f["at_step"] is None or f["at_step"] <= step)]
             self._armed = [f for f in self._armed if f not in due]
+        self._fire(due, step)
+
+    def _phase_point(self, phase: str) -> None:
+        """The trainer enters a phase of a quorum or heal: fire the faults aimed at it."""
+        with self._lock:
+            due = [f for f in self._armed if f.get("during") == phase]
+            self._armed = [f for f in self._armed if f not in due]
+        self._fire(due, self.trainer.current_step())
+
+    def _fire(self, due: list[dict[str, Any]], step: int) -> None:
         for f in due:
             kind = FaultKind.parse(f["kind"])
             record_firing(self.fault_log, {"kind": "fault_fired", "fault": kind.value, "replica": self.replica,
-                                           "rank": self.rank, "step": step, "pid": os.getpid()})
+                                           "rank": self.rank, "step": step, "pid": os.getpid(),
+                                           "during": f.get("during")})
             self._emit({"kind": "fault_fired", "fault": kind.value, "replica": self.replica, "rank": self.rank,
-                        "step": step, "t": time.time()})
+                        "step": step, "during": f.get("during"), "t": time.time()})
             fire(kind, abort_comms=self.trainer.abort_comms, hang_s=f.get("hang_s", 30.0))
 
     def _fail(self, reason: str) -> None:
@@ -112,6 +124,9 @@ class TrainerActor(Actor):
                     break
                 rec = self.trainer.train_step(self._fault_point)
                 self._state = "waiting_for_peer" if rec.get("kind") == "waiting_for_peer" else "training"
+                if self.trainer.comms_broken():  # our own communicator was declared dead (the comms fault)
+                    self._fail("comms: cross-replica process group aborted")
+                    return
                 if rec["committed"]:
                     with self._lock:
                         want = rec["step"] in self._hash_steps
@@ -119,16 +134,8 @@ class TrainerActor(Actor):
                     if want:
                         self._emit({"kind": "hashes", "replica": self.replica, "rank": self.rank,
                                     "step": rec["step"], **self.trainer.hashes(), "t": time.time()})
-                elif self.trainer.comms_broken():
-                    self._fail("comms: cross-replica process group aborted")
-                    return
         except BaseException as e:  # noqa: BLE001 - anything here ends the group's training
             if self._stop.is_set():
-                return
-            from .replica_trainer import CommsBroken
-
-            if isinstance(e, CommsBroken):
-                self._fail(f"comms: {e}")
                 return
             tb = traceback.format_exc(limit=6)
             self._emit({"kind": "trainer_error", "replica": self.replica, "rank": self.rank,
@@ -155,6 +162,13 @@ class TrainerActor(Actor):
             self.trainer.load_checkpoint(path)
         else:
             self.trainer.request_load(path)
+        return True
+
+    @endpoint
+    def forget_progress(self) -> bool:
+        """Train from this replica's own (initial) state: the run's state is lost and the user
+        chose to start again (``FTRun.restart_from_scratch``)."""
+        self.trainer.min_step = 0
         return True
 
     @endpoint
@@ -190,14 +204,21 @@ class TrainerActor(Actor):
                 "step": self.trainer.current_step(), "events": events, "pid": os.getpid()}
 
     @endpoint
-    def inject(self, kind: str, at_step: int | None = None, hang_s: float = 30.0) -> int:
-        """Arm a fault; it fires inside the first step >= ``at_step`` (next step if None).
-        Returns the step it is armed for."""
+    def inject(self, kind: str, at_step: int | None = None, hang_s: float = 30.0, during: str | None = None) -> int:
+        """Arm a fault; it fires inside the first step >= ``at_step`` (next step if None), or
+        when the trainer next enters phase ``during``. Returns the step it is armed for."""
         FaultKind.parse(kind)
         step = at_step if at_step is not None else self.trainer.current_step() + 1
         with self._lock:
-            self._armed.append({"kind": kind, "at_step": at_step, "hang_s": hang_s})
+            self._armed.append({"kind": kind, "at_step": at_step, "hang_s": hang_s, "during": during})
         return step
+
+    @endpoint
+    def disarm(self) -> int:
+        """Drop the faults armed here that have not fired; returns how many."""
+        with self._lock:
+            n, self._armed = len(self._armed), []
+        return n
 
     @endpoint
     def hash_at(self, step: int) -> bool:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 
 @dataclass(frozen=True)
@@ -61,6 +61,9 @@ class Allocation:
         return []
 
     job_state: Any = None  # Monarch's JobState once started (hosts, and the job's own views)
+    # Called by start() with reaper_commands() as soon as the scheduler has taken the request, before
+    # the hosts are up: a controller that dies in between must not leave the request behind.
+    on_submit: Callable[[list[list[str]]], None] | None = None
 
     def views(self) -> dict[str, str]:
         """Monarch's own views of this job, when its job enabled them: the web ``dashboard``

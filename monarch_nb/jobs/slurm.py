@@ -41,13 +41,19 @@ class SlurmError(MonarchNbError):
     """SLURM said no, or is not there; the message names the fix."""
 
 
+DEFAULT_TIME_LIMIT = "24:00:00"
+
+
 @dataclass(frozen=True)
 class SlurmSpec:
     """What to ask SLURM for, per mesh.
 
     Args:
         partition: SLURM partition (``--partition``); None: the cluster's default.
-        time_limit: wall-clock limit ``[D-]HH:MM:SS`` (``--time``); None: the partition's.
+        time_limit: wall-clock limit ``[D-]HH:MM:SS`` (``--time``); None: 24 hours, so that an
+            allocation whose controller died can never outlive it for long (the partition's limit
+            is often unlimited). A fault-tolerant run recovers a group whose allocation ran out on a
+            fresh one, as from a preemption, so a run may last longer than its allocations.
         start_timeout_s: how long a job may stay pending before it is released with an error
             naming SLURM's reason (e.g. ``Resources``).
         exclusive: whole nodes (``--exclusive``); False shares nodes by CPU.
@@ -206,7 +212,8 @@ class SlurmAllocation(Allocation):
             python_exe = shlex.quote(str(wrapper))
         self.job = seam.slurm_job(
             meshes={"hosts": self.hosts}, python_exe=python_exe, monarch_port=_free_port(),
-            job_name=f"monarch_nb-{self.name}", partition=spec.partition, time_limit=spec.time_limit,
+            job_name=f"monarch_nb-{self.name}", partition=spec.partition,
+            time_limit=spec.time_limit or DEFAULT_TIME_LIMIT,
             log_dir=str(self.log_dir), exclusive=spec.exclusive, cpus_per_task=spec.cpus_per_task,
             slurm_args=tuple(spec.slurm_args), job_start_timeout=int(spec.start_timeout_s) + 1)
         for name in seam.JOB_LOGGERS:  # Monarch logs each submit and poll at INFO; the job's log has it all
@@ -221,6 +228,8 @@ class SlurmAllocation(Allocation):
         try:
             self.job.apply()
             self.job_id = seam.slurm_job_id(self.job)
+            if self.on_submit is not None:  # guarded from now on: the controller may die before it runs
+                self.on_submit(self.reaper_commands())
             self._wait_running()
             self.job_state = self.job.state(cached_path=None)
             return self.job_state.hosts

@@ -29,7 +29,7 @@ from .slicing import validate_slice
 from .train_magics import TrainingCommands, add_training_commands
 
 SUBCOMMANDS = ("up", "status", "down", "replace", "kill", "logs", "stacks", "debug", "train", "inject", "schedule",
-               "scale", "wait", "check", "stop", "dashboard")
+               "scale", "wait", "check", "restart", "stop", "dashboard")
 
 
 def _line_parser() -> MagicArgumentParser:
@@ -255,6 +255,9 @@ class MonarchMagics(Magics):
 
     def _cmd_check(self, args: Any) -> None:
         self.training.check(args)
+
+    def _cmd_restart(self, args: Any) -> None:
+        self.training.restart(args)
 
     def _cmd_stop(self, args: Any) -> None:
         self.training.stop()

@@ -28,6 +28,7 @@ STATE_STYLES: dict[str, StateStyle] = {
     "failed": StateStyle(_RED, "#ffffff", "\u2717", "FAILED"),
     "respawning": StateStyle(_AMBER, "#1a1a1a", "\u21bb", "respawning"),
     "healing": StateStyle(_BLUE, "#ffffff", "\u21c4", "healing"),
+    "waiting": StateStyle("#6a1b9a", "#ffffff", "\u29d7", "waiting for a state holder"),
     "stopped": StateStyle(_GREY, "#ffffff", "\u25a0", "stopped"),
     "gave_up": StateStyle("#7f0000", "#ffffff", "\u2620", "GAVE UP"),
     "finished": StateStyle("#455a64", "#ffffff", "\u2691", "finished"),

@@ -111,6 +111,10 @@ def add_training_commands(sub: Any) -> None:
     check.add_argument("--timeout", type=positive_float, default=CHECK_TIMEOUT_S, metavar="S",
                        help=f"give up after S seconds (default {CHECK_TIMEOUT_S:g})")
 
+    restart = sub.add_parser("restart", help="after every group was lost with no checkpoint: train again from "
+                                             "the initial weights (run.restart_from_scratch)")
+    restart.add_argument("--from-scratch", action="store_true", required=True,
+                         help="required: says that the lost state is given up")
     sub.add_parser("stop", help="stop the fault-tolerant run (run.stop)")
     sub.add_parser("dashboard", help="live dashboard of the run (run.dashboard())")
 
@@ -246,8 +250,8 @@ class TrainingCommands:
         if steps is not None and args.step > steps:
             raise UsageError(f"N: step {args.step} is past the run's last step (steps={steps}); "
                              f"allowed: 1..{steps}\n\n{WAIT_USAGE}")
-        # Every group that is part of the run (once all finished: every group there was).
-        groups = run.groups.active() or list(run.groups)
+        # Every live group: retired and given-up groups are no longer part of the run.
+        groups = run.groups.live()
         want = [args.replica] if args.replica is not None else sorted(g.index for g in groups)
         t0 = time.monotonic()
         try:
@@ -274,6 +278,15 @@ class TrainingCommands:
         except (RuntimeError, TimeoutError) as exc:  # ReplicasDiffer is a RuntimeError
             raise UsageError(f"check: {exc}") from None
         print(f"replicas bit-identical at step {event.step} ({len(event.hashes)} ranks)")
+
+    def restart(self, args: argparse.Namespace) -> None:
+        run = self.current()
+        try:
+            event = run.restart_from_scratch()
+        except RuntimeError as exc:
+            raise UsageError(str(exc)) from None
+        print(f"replica groups {', '.join(map(str, event.replicas))} train again from the initial weights "
+              f"(the state of step {event.lost_step} was lost)")
 
     def stop(self) -> None:
         run = self.current()

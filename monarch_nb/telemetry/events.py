@@ -170,6 +170,18 @@ class AllGroupsLost(Event):
 
 
 @dataclass(frozen=True, kw_only=True)
+class CheckpointLoadFailed(Event):
+    """Resuming from a durable checkpoint failed for ``replicas`` (the run is not resumed; it
+    tries again shortly)."""
+
+    kind: ClassVar[str] = "checkpoint_load_failed"
+    step: int
+    checkpoint: str
+    replicas: list[int] = field(default_factory=list)
+    error: str = ""
+
+
+@dataclass(frozen=True, kw_only=True)
 class Resumed(Event):
     """The run continues from a durable checkpoint (after losing every group, or FTRun.resume)."""
 
@@ -177,6 +189,16 @@ class Resumed(Event):
     step: int
     checkpoint: str
     reason: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class RestartedFromScratch(Event):
+    """Every group was lost with no checkpoint, and the user chose to train again from the
+    initial weights (``FTRun.restart_from_scratch``): the state of ``lost_step`` is gone."""
+
+    kind: ClassVar[str] = "restarted_from_scratch"
+    lost_step: int
+    replicas: list[int] = field(default_factory=list)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -198,6 +220,20 @@ class QuorumTimedOut(Event):
     kind: ClassVar[str] = "quorum_timed_out"
     replica: int
     error: str = ""
+
+
+@dataclass(frozen=True, kw_only=True)
+class CommsRetry(Event):
+    """A group's cross-replica communication broke through no fault of its own (a peer died
+    during the quorum or while the quorum's process group was built): it keeps its process,
+    state and step, rebuilds its torchft Manager in place and joins the next quorum. Not a
+    failure: nothing is respawned."""
+
+    kind: ClassVar[str] = "comms_retry"
+    replica: int
+    reason: str
+    attempt: int = 1
+    step: int = 0
 
 
 @dataclass(frozen=True, kw_only=True)
