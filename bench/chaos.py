@@ -33,10 +33,13 @@ def main() -> int:
     ap.add_argument("--groups", type=int, default=3)
     ap.add_argument("--slurm", action="store_true", help="groups on SLURM allocations (./run.sh slurm up)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--checkpoint-every", type=int, default=10,
+                    help="durable checkpoints: a second fault that leaves no holder resumes from one")
     ap.add_argument("--out", default=None, help="write the JSON here (default: print it)")
     args = ap.parse_args()
     cells = draw(args.trials, args.seed, args.slurm)
-    run = FTRun(RunConfig(replicas=args.groups, job="slurm" if args.slurm else "local", run_name=None))
+    run = FTRun(RunConfig(replicas=args.groups, job="slurm" if args.slurm else "local",
+                          checkpoint_every=args.checkpoint_every))
     records = []
     t0 = time.time()
     try:
@@ -47,6 +50,7 @@ def main() -> int:
             records.append(rec)
             print(f"trial {n:2d} {cell.phase:>8} {cell.target:>8} {cell.kind:>9}: "
                   f"{'ok' if rec.ok else 'BROKEN'} fired={rec.fired} healthy_failed={rec.healthy_failed} "
+                  f"holders_left={rec.holders_left} "
                   f"lost={rec.state_lost} back={rec.recovered} identical={rec.identical} "
                   f"squeue={rec.left_in_squeue} {rec.seconds:.1f}s {rec.detail}", flush=True)
             if not rec.recovered:

@@ -308,3 +308,10 @@ def test_train_config_reads_the_job_file_and_flags_override_it(shell, monkeypatc
     assert (cfg.steps, cfg.model, cfg.restart.max_restarts) == (50, "small", 2)  # the flags
     assert (cfg.replicas, cfg.seq_len, cfg.hang_timeout_s) == (3, 64, 5.0)  # the file
     assert f"from {EXAMPLE}" in out.stdout
+
+
+def test_restart_from_scratch_must_be_asked_for_by_name_and_is_refused_on_a_run_that_is_not_running(shell, fed_run):
+    with pytest.raises(UsageError, match=r"--from-scratch(.|\n)*usage: %monarch restart"):
+        shell.run_line_magic("monarch", "restart")
+    with pytest.raises(UsageError, match=r"^restart_from_scratch: the run is not running"):
+        shell.run_line_magic("monarch", "restart --from-scratch")

@@ -19,7 +19,9 @@ victim's source; otherwise the fault never fires and the record says so).
 
 Then the trial waits until every group trains again and records what must hold: no healthy
 group failed, the state never lost while a group held it, every group back, replicas
-bit-identical, nothing left in squeue. ``bench/chaos.py`` draws cells at random; the suite
+bit-identical, nothing left in squeue. A second fault can leave no holder at all (a node_down
+of the node every survivor is on): then the run must resume from its durable checkpoint, so
+runs used for chaos keep them (``checkpoint_every``). ``bench/chaos.py`` draws cells at random; the suite
 runs a fixed set.
 """
 
@@ -91,6 +93,7 @@ class TrialRecord:
     second: int  # the replica group the second fault was aimed at
     fired: bool  # the second fault happened (a heal-phase fault fires only if its target served the heal)
     healthy_failed: int  # failures of groups that were hit by neither fault
+    holders_left: int  # groups hit by neither fault (0: a legitimate total loss, resumed from a checkpoint)
     state_lost: bool  # all_groups_lost while a group still held the state
     recovered: bool  # every group trains again
     identical: bool
@@ -146,7 +149,7 @@ def run_trial(run: Any, cell: Cell, trial: int = 0, victim: int | None = None, t
     holders = len(live) - len(hit)
     return TrialRecord(trial=trial, phase=cell.phase, target=cell.target, kind=cell.kind, slurm=slurm,
                        victim=victim, second=second, fired=fired_at is not None, healthy_failed=healthy_failed,
-                       state_lost=bool(lost) and holders > 0, recovered=back, identical=identical,
+                       holders_left=holders, state_lost=bool(lost) and holders > 0, recovered=back, identical=identical,
                        left_in_squeue=_left_in_squeue(run) if slurm else 0, seconds=time.time() - t0,
                        detail="; ".join(d for d in (detail, recovered_detail) if d))
 

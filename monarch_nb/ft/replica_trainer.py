@@ -138,6 +138,8 @@ class ReplicaTrainer:
         self._healed_info: dict[str, Any] | None = None
         self._retry: _Retry | None = None
         self._comms_dead = False
+        self._comms_retries = 0
+        self._retry_quorum_id: int | None = None  # the quorum whose process group could not be built
         self._last_quorum_id: int | None = None
         self.host = host
         self.manager: Any = None
@@ -522,13 +524,19 @@ class ReplicaTrainer:
             self._new_manager()
             return {"kind": "quorum_timeout", "step": self.manager.current_step(), "committed": False}
         except Exception as exc:  # noqa: BLE001 - the quorum machinery failed: a peer's doing
-            return self._comms_retry(f"the quorum failed: {type(exc).__name__}: {exc}")
+            return self._comms_retry(f"the quorum failed: {type(exc).__name__}: {exc}", rebuild=True)
         if self._last_quorum_id is not None and seam.process_group_is_down(self.ft_pg):
             # The quorum formed, but building its process group failed: a member died while we
             # connected to it (a store key that never came, a gloo connect timeout). Our state
-            # and step are intact; a peer's death is not our fault.
-            return self._comms_retry(self._pg_error() or "the cross-replica process group could not be built")
-        self._comms_retries = 0
+            # and step are intact; a peer's death is not our fault. The next quorum, without the
+            # dead member, has a new id and torchft builds a new group for it; only when the same
+            # quorum comes back (nobody left it) is our Manager rebuilt to force a new one.
+            q = self.quorum_recorder.last
+            qid = q.quorum_id if q is not None else None
+            same, self._retry_quorum_id = qid is not None and qid == self._retry_quorum_id, qid
+            return self._comms_retry(self._pg_error() or "the cross-replica process group could not be built",
+                                     rebuild=same)
+        self._comms_retries, self._retry_quorum_id = 0, None
         q = self.quorum_recorder.last
         participants = self.manager.num_participants()
         if q is not None and q.quorum_id != self._last_quorum_id:
@@ -613,16 +621,19 @@ class ReplicaTrainer:
         self.emit(rec)
         return rec
 
-    def _comms_retry(self, reason: str) -> dict[str, Any]:
+    def _comms_retry(self, reason: str, rebuild: bool) -> dict[str, Any]:
         """Cross-replica communication broke through no fault of ours (a peer died during the
         quorum or while its process group was built). Keep the process, model, optimizer and
-        step; rebuild the torchft Manager in place, so the next quorum is a new one (a new
-        replica id) with a freshly built process group, and try again. Backs off while it
-        keeps failing, so a long outage is not a tight loop."""
-        self._comms_retries = getattr(self, "_comms_retries", 0) + 1
+        step, and try the next quorum. ``rebuild``: first rebuild the torchft Manager in place
+        (a new replica id, so the next quorum is a new one with a freshly built process group)
+        - only when needed, since a new member makes every peer rebuild its group too. Backs
+        off while it keeps failing, so a long outage is not a tight loop."""
+        self._comms_retries += 1
         self.emit({"kind": "comms_retry", "replica": self.replica, "rank": self.rank, "reason": reason[:300],
-                   "attempt": self._comms_retries, "step": self.manager.current_step(), "t": time.time()})
-        self._new_manager()
+                   "attempt": self._comms_retries, "rebuilt": rebuild, "step": self.manager.current_step(),
+                   "t": time.time()})
+        if rebuild:
+            self._new_manager()
         time.sleep(min(0.1 * 2 ** min(self._comms_retries - 1, 5), 2.0))
         return {"kind": "comms_retry", "step": self.manager.current_step(), "committed": False}
 
