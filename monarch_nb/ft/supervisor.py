@@ -420,6 +420,11 @@ class Supervisor:
             with self._lost_lock:
                 self._resume_again_at = time.monotonic() + RESUME_RETRY_S
             return
+        with self.groups.lock:
+            # The run's progress is the checkpoint's step now (the steps after it were lost):
+            # groups respawned from here on may train from it, not wait for a step nobody holds.
+            for g in self.groups:
+                g.step = min(g.step, checkpoint.step)
         self._emit(Resumed(step=checkpoint.step, checkpoint=str(checkpoint.path), reason="all groups lost"))
 
     def restart_from_scratch(self) -> list[int]:
@@ -436,6 +441,9 @@ class Supervisor:
                                + ", ".join(f"replica{g.index}={g.state}" for g in self.groups) + ")")
         for g in waiting:
             self.call(g, "forget_progress", timeout=30.0)
+        with self.groups.lock:
+            for g in self.groups:  # a group respawned from here on trains from the start as well
+                g.step = 0
         return [g.index for g in waiting]
 
     # ---- restart mode (the traditional way) ----------------------------------------------
@@ -587,7 +595,9 @@ class Supervisor:
         if not self.config.checkpoint_every:
             return
         with self.groups.lock:
-            groups = [g for g in self.groups if g.actors is not None and g.state not in (FAILED, GAVE_UP, RETIRED)]
+            # not FAILED or RESPAWNING: their processes are dead or being replaced (no save in flight)
+            groups = [g for g in self.groups if g.actors is not None
+                      and g.state not in (FAILED, RESPAWNING, GAVE_UP, RETIRED)]
 
         def finish(g: ReplicaGroup) -> None:
             try:
