@@ -131,6 +131,26 @@ def http_transport_port(transport: Any) -> int:
     return int(transport._server.socket.getsockname()[1])
 
 
+def close_http_transport(transport: Any) -> None:
+    """Stop torchft's ``HTTPTransport`` checkpoint server and close its socket. Its own
+    ``shutdown(wait=False)`` sets a flag name-mangled for the wrong class, so the server keeps
+    listening and serving: one socket and thread left per Manager. No-op for other transports."""
+    server, thread = getattr(transport, "_server", None), getattr(transport, "_thread", None)
+    if server is None:
+        return
+    if thread is not None and thread.is_alive():
+        server.shutdown()  # returns once serve_forever has stopped (it polls every 0.5 s)
+        thread.join(timeout=5)
+    server.server_close()
+
+
+def shutdown_manager(manager: Any) -> None:
+    """Shut a torchft Manager down without waiting for its executor, closing its checkpoint
+    server too (see ``close_http_transport``)."""
+    manager.shutdown(wait=False)
+    close_http_transport(manager._checkpoint_transport)
+
+
 # ---- torchtitan (0.3.0) ----------------------------------------------------------------------
 
 

@@ -2,6 +2,27 @@
 
 No tests/__init__.py on purpose: torchmonarch installs a top-level package named
 ``tests``; pytest runs with ``--import-mode=importlib`` so ours never collides.
+
+Leak check (``leak_check.py``): a test fails, naming them, if it leaves behind a SIGINT handler
+other than Python's, non-daemon threads, child processes, listening sockets or SLURM jobs of
+ours that were not there before it. Each is compared with a snapshot at the right scope:
+
+* per test: ``_no_leaks`` is the first function-scoped fixture (autouse, root conftest), so pytest
+  sets it up after every module- and session-scoped fixture the test uses and tears it down after
+  every function-scoped one. Its snapshot therefore already holds what broader fixtures own, and
+  what is new at its teardown was left by the test or its function fixtures. Exception: a test
+  using a module/class/session fixture of ours that has a value (a shared Session or shell) may
+  grow what that object owns (``%monarch up`` in a module-wide shell): its leftovers are charged
+  to its module, naming the test, instead of failing it (a SIGINT handler still fails it).
+* per module: ``_no_module_leaks`` is the first module-scoped fixture, so it compares the state
+  after the module's fixtures are torn down with the state before they were set up.
+* per session: ``_no_session_leaks`` is set up first and torn down last.
+
+A session-scoped fixture may be set up in the middle of a module (the first test that needs it):
+what it creates while being set up (and those processes' descendants) is its own until it is
+torn down, and no module or test is charged with it. Threads, processes, sockets and jobs get
+``leak_check.GRACE_S`` to go before they count. SLURM jobs are checked per test only for tests
+marked ``slurm`` (only they reach the cluster), per module and session whenever ``squeue`` exists.
 """
 
 from __future__ import annotations
@@ -12,10 +33,88 @@ from pathlib import Path
 import pytest
 
 import monarch_nb  # noqa: F401  (must come before any test module imports monarch)
+import leak_check
 from proc_checks import assert_gone
+
+pytest_plugins = ["pytester"]  # test_leak_check.py runs a small suite through our conftest
 
 REPO = Path(__file__).resolve().parent.parent
 ARTIFACTS = REPO / "test-artifacts"
+
+_owned: dict[object, leak_check.Owned] = {}  # session fixture -> what its setup created
+_charged: dict[object, str] = {}  # thing left -> the test (using a shared object) that left it
+_reported: set[object] = set()  # reported once, at the narrowest scope that left it
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_fixture_setup(fixturedef, request):
+    """Record what a session-scoped fixture creates while being set up (its own, see above)."""
+    if fixturedef.scope not in ("session", "package") or fixturedef.argname.startswith("_no_"):
+        return (yield)
+    before = leak_check.take(jobs=False)
+    try:
+        return (yield)
+    finally:
+        _owned.setdefault(fixturedef, leak_check.Owned()).add(before, leak_check.take(jobs=False))
+
+
+def pytest_fixture_post_finalizer(fixturedef, request):
+    _owned.pop(fixturedef, None)
+
+
+def _report(left: dict, who: str) -> None:
+    """Fail naming what is left, each thing once (at the narrowest scope that left it)."""
+    left = {kind: new for kind, items in left.items()
+            if (new := {k: v for k, v in items.items() if k not in _reported})}
+    if left:
+        _reported.update(k for items in left.values() for k in items)
+        pytest.fail(f"{who} left behind: {leak_check.describe(left, _charged)}", pytrace=False)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _no_session_leaks():
+    before = leak_check.take(jobs=True)
+    yield
+    _report(leak_check.settle(before, [], jobs=True), "the test session")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _no_module_leaks(request):
+    before = leak_check.take(jobs=True)
+    yield
+    try:
+        _report(leak_check.settle(before, list(_owned.values()), jobs=True),
+                f"{request.node.nodeid} (its module-scoped fixtures and the tests that used them)")
+    finally:
+        _charged.clear()
+
+
+def _shared_objects(item) -> list[str]:
+    """Broader-scoped fixtures of ours with a value that the test uses (what it may grow)."""
+    names = []
+    for name, defs in item._fixtureinfo.name2fixturedefs.items():
+        fd = defs[-1]
+        if fd.scope != "function" and fd.baseid and fd.cached_result is not None and fd.cached_result[0] is not None:
+            names.append(name)
+    return names
+
+
+@pytest.fixture(autouse=True)
+def _no_leaks(request):
+    jobs = request.node.get_closest_marker("slurm") is not None
+    before = leak_check.take(jobs=jobs)
+    yield
+    owned = list(_owned.values())
+    shared = _shared_objects(request.node)
+    if not shared:
+        _report(leak_check.settle(before, owned, jobs), request.node.name)
+        return
+    # What a shared object grew is checked at the module's end; a SIGINT handler is never its.
+    left = leak_check.leftovers(before, leak_check.take(jobs=jobs), owned)
+    for kind, items in left.items():
+        for key in items:
+            _charged.setdefault(key, f"{request.node.name} (shares {', '.join(shared)})")
+    _report({kind: items for kind, items in left.items() if "SIGINT" in kind}, request.node.name)
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -105,7 +105,7 @@ def manager():
     try:
         yield mgr, pg
     finally:
-        mgr.shutdown(wait=False)
+        seam.shutdown_manager(mgr)
         lighthouse.stop()
 
 
@@ -132,7 +132,11 @@ def test_http_transport_port_is_where_its_checkpoint_server_listens():
         with socket.create_connection(("127.0.0.1", port), timeout=5):
             pass
     finally:
-        transport.shutdown(wait=False)
+        seam.close_http_transport(transport)
+    # closed for real (torchft's own shutdown(wait=False) leaves it listening and serving)
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection(("127.0.0.1", port), timeout=5)
+    assert not transport._thread.is_alive()
 
 
 # ---- torchtitan -------------------------------------------------------------------------------
@@ -240,8 +244,8 @@ def test_http_transport_rebound_to_loopback_still_serves_a_checkpoint():
         got = receiver.recv_checkpoint(src_rank=0, metadata=sender.metadata(), step=7, timeout=timedelta(seconds=10))
         assert torch.equal(got["w"], state["w"])
     finally:
-        sender.shutdown(wait=False)
-        receiver.shutdown(wait=False)
+        seam.close_http_transport(sender)
+        seam.close_http_transport(receiver)
 
 
 def test_manager_server_port_names_the_port_of_the_managers_own_server(manager):

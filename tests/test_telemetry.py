@@ -1,5 +1,7 @@
 import json
 
+import pytest
+
 from monarch_nb.telemetry import EventStore
 from monarch_nb.telemetry.events import Healed, Step, UnknownEvent, WorkerFailed, event_from_dict
 
@@ -57,3 +59,21 @@ def test_unknown_fields_are_ignored_when_loading():
     event = event_from_dict({"t": 5.0, "kind": "worker_failed", "mesh": "m", "rank": 1,
                              "reason": "x", "added_later": True})
     assert isinstance(event, WorkerFailed) and event.rank == 1 and event.t == 5.0
+
+
+def test_a_timed_out_wait_names_what_it_waited_for_and_shows_the_last_events():
+    store = EventStore()
+    for step in range(25):
+        store.append(Step(replica=0, step=step, loss=1.0, tokens_per_s=1.0, committed=True))
+    with pytest.raises(TimeoutError) as raised:
+        store.wait_for(lambda e: e.kind == "healed" and e.replica == 1, timeout=0.05)
+    message = str(raised.value)
+    assert 'lambda e: e.kind == "healed" and e.replica == 1' in message
+    assert "last 20 of 25 events:" in message
+    lines = message.splitlines()
+    assert len(lines) == 22 and all(" step replica=0 step=" in ln for ln in lines[2:])
+    assert lines[2].endswith("step=5 loss=1.0 tokens_per_s=1.0 committed=True")
+    assert lines[-1].split(" step=")[1].startswith("24 ")
+
+    with pytest.raises(TimeoutError, match="matching replica 1 healed\nno events recorded"):
+        EventStore().wait_for(lambda e: False, timeout=0.01, what="replica 1 healed")

@@ -179,7 +179,7 @@ class ReplicaTrainer:
         so no group loses its state or restarts."""
         state = self.manager.state_dict()
         try:
-            self.manager.shutdown(wait=False)
+            seam.shutdown_manager(self.manager)
         except Exception:
             pass
         self.manager = self._build_manager(self.lighthouse, self.host)
@@ -674,6 +674,6 @@ class ReplicaTrainer:
         if self.manager is None:
             return
         try:
-            self.manager.shutdown(wait=False)
+            seam.shutdown_manager(self.manager)
         except Exception:
             pass

@@ -462,13 +462,15 @@ class FTRun:
         if target is None:
             return None
         return self.events.wait_for(lambda e: isinstance(e, ReplicasIdentical) and e.step == target,
-                                    timeout=timeout)  # type: ignore[return-value]
+                                    timeout=timeout, what=f"an identity verdict at step {target}")  # type: ignore[return-value]
 
     # ---- waiting ----------------------------------------------------------------------
 
-    def wait_for(self, predicate: Callable[[Event], bool], timeout: float = 60.0, *, since: float = 0.0) -> Event:
-        """Block until an event satisfying ``predicate`` (recorded at or after ``since``) exists."""
-        return self.events.wait_for(predicate, timeout, since=since)
+    def wait_for(self, predicate: Callable[[Event], bool], timeout: float = 60.0, *, since: float = 0.0,
+                 what: str | None = None) -> Event:
+        """Block until an event satisfying ``predicate`` (recorded at or after ``since``) exists;
+        a ``TimeoutError`` names ``what`` (default: the predicate's source) and the last events."""
+        return self.events.wait_for(predicate, timeout, since=since, what=what)
 
     def wait_for_step(self, step: int, replicas: list[int] | None = None, timeout: float = 120.0) -> None:
         """Block until the given groups committed ``step``; by default every live group (the
@@ -481,7 +483,7 @@ class FTRun:
                 done.add(e.replica)
             return done >= want
 
-        self.events.wait_for(pred, timeout)
+        self.events.wait_for(pred, timeout, what=f"step {step} committed by groups {sorted(want)}")
 
     # ---- stop -------------------------------------------------------------------------
 

@@ -11,9 +11,11 @@ not propagated, so a broken widget can never stop training telemetry).
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import threading
+import time
 from pathlib import Path
 from typing import BinaryIO, Callable, Iterator
 
@@ -27,6 +29,8 @@ Observer = Callable[[Event], None]
 MAX_LINE_BYTES = 1 << 20
 # How many skipped lines keep their number and reason (all are counted).
 SKIPPED_KEPT = 20
+# How many of the last events a timed-out ``wait_for`` shows.
+WAIT_TAIL = 20
 EVENT_LOG_FORMAT = ("expected JSON objects with 'kind' and 't', one per line, "
                     "as runs write to <run_dir>/events.jsonl")
 
@@ -136,9 +140,12 @@ class EventStore:
 
         return unsubscribe
 
-    def wait_for(self, predicate: Callable[[Event], bool], timeout: float = 60.0, *, since: float = 0.0) -> Event:
+    def wait_for(self, predicate: Callable[[Event], bool], timeout: float = 60.0, *, since: float = 0.0,
+                 what: str | None = None) -> Event:
         """Block until an event satisfying ``predicate`` (recorded at or after ``since``) exists;
-        the events already recorded count. Raises ``TimeoutError`` after ``timeout`` seconds."""
+        the events already recorded count. Raises ``TimeoutError`` after ``timeout`` seconds naming
+        ``what`` it waited for (default: the predicate's source) and the last events, so a failed
+        wait says what happened instead."""
         found = threading.Event()
         box: list[Event] = []
 
@@ -150,10 +157,18 @@ class EventStore:
         unsubscribe = self.subscribe(observer, replay=True)
         try:
             if not found.wait(timeout):
-                raise TimeoutError(f"no matching event within {timeout:g} s")
+                after = f" (recorded since {_clock(since)})" if since else ""
+                raise TimeoutError(f"no event within {timeout:g} s matching {what or _source(predicate)}{after}\n"
+                                   f"{self.tail()}")
         finally:
             unsubscribe()
         return box[0]
+
+    def tail(self, n: int = WAIT_TAIL) -> str:
+        """The last ``n`` events, one short line each (what a failed wait shows)."""
+        events = self.events()
+        lines = [_one_line(e) for e in events[-n:]]
+        return f"last {len(lines)} of {len(events)} events:\n" + "\n".join(lines) if lines else "no events recorded"
 
     def events(self, kind: str | type[Event] | None = None) -> list[Event]:
         with self._lock:
@@ -183,6 +198,26 @@ class EventStore:
                 self.sync()
                 self._file.close()
                 self._file = None
+
+
+def _source(predicate: Callable) -> str:
+    """A lambda's source from ``lambda`` on (one line), else the function's name."""
+    try:
+        src = " ".join(inspect.getsource(predicate).split())
+    except (OSError, TypeError):
+        src = ""
+    if "lambda" in src and getattr(predicate, "__name__", "") == "<lambda>":
+        return src[src.index("lambda"):][:200]
+    return getattr(predicate, "__qualname__", repr(predicate))
+
+
+def _clock(t: float) -> str:
+    return time.strftime("%H:%M:%S", time.localtime(t)) + f"{t % 1:.3f}"[1:]
+
+
+def _one_line(event: Event) -> str:
+    fields = " ".join(f"{k}={v}" for k, v in event.to_dict().items() if k not in ("t", "kind") and v is not None)
+    return f"  {_clock(event.t)} {event.to_dict()['kind']} {fields}"[:160]
 
 
 def _ends_mid_line(path: Path) -> bool:
