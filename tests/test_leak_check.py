@@ -55,7 +55,8 @@ def test_cleans_up_what_the_other_module_left():
 '''
 
 
-def test_a_test_that_leaves_things_behind_fails_naming_them(pytester):
+def test_a_test_that_leaves_things_behind_fails_naming_them(pytester, monkeypatch):
+    monkeypatch.setenv("MONARCH_NB_LEAKS", "fail")  # the strict mode (conftest.LEAKS_FAIL)
     for name in ("conftest.py", "leak_check.py", "proc_checks.py"):
         shutil.copy(TESTS / name, pytester.path / name)
     with open(pytester.path / "conftest.py", "a") as f:
