@@ -5,6 +5,7 @@
 #   ./run.sh lab     set up, then start JupyterLab on 127.0.0.1 with notebooks/ and the Monarch kernel
 #   ./run.sh demo    set up, then run the fault-tolerant training notebook headless (writes runs/ and an output notebook)
 #   ./run.sh test    set up, start the local SLURM cluster, run the whole test suite, stop the cluster
+#   ./run.sh test --quick   the inner loop: no slow, SLURM or browser tests (< 3 min; no cluster, no chromium)
 #   ./run.sh slurm up|down|status   a real one-machine SLURM cluster (2 virtual nodes) for notebooks/05
 #   ./run.sh setup   only set up
 set -euo pipefail
@@ -67,7 +68,13 @@ case "$cmd" in
     mkdir -p "$ROOT/runs"
     exec "$VENV/bin/monarch-nb" execute notebooks/02_fault_tolerant_training.ipynb -o "$out" "$@" ;;
   test)
-    setup_python; setup_browser
+    setup_python
+    if [ "${1:-}" = --quick ]; then
+      shift
+      log "running the quick lane (not slow, not slurm, not browser; more pytest arguments may follow)"
+      exec "$PY" -m pytest -m "not slow and not slurm and not browser" "$@"
+    fi
+    setup_browser
     log "starting the local SLURM cluster for the cluster tests"
     scripts/slurm_cluster.sh up
     trap 'scripts/slurm_cluster.sh down >/dev/null 2>&1 || true' EXIT

@@ -12,6 +12,8 @@ import pytest
 from kernel_client import run_in_kernel as run
 from proc_checks import assert_gone, wait_for
 
+pytestmark = pytest.mark.slow  # each test starts a real kernel and workers (5-20 s): not in the quick lane
+
 PIDS_CODE = """
 import json, monarch_nb
 _s = monarch_nb.current_session()

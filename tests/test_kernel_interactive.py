@@ -8,7 +8,11 @@ import textwrap
 import threading
 import time
 
+import pytest
+
 from kernel_client import run_in_kernel as run
+
+pytestmark = pytest.mark.slow  # a real kernel and workers per test, one real training run (30 s): not in the quick lane
 
 
 def execute(client, code, timeout=120, **kwargs):

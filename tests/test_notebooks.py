@@ -41,6 +41,7 @@ def run_headless(notebook: Path) -> nbformat.NotebookNode:
     return executed
 
 
+@pytest.mark.slow  # each runs a whole notebook on real workers: 20 s to minutes
 @pytest.mark.parametrize("notebook", LOCAL_NOTEBOOKS, ids=[nb.name for nb in LOCAL_NOTEBOOKS])
 def test_shipped_notebook_runs_headless(notebook):
     executed = run_headless(notebook)
@@ -76,6 +77,7 @@ def test_cluster_notebook_runs_on_slurm_and_records_the_preemption_and_its_recov
         assert kind in kinds[kinds.index("fault_injected"):], f"{kind} missing after the preemption"
 
 
+@pytest.mark.slow  # executes a notebook on a real kernel (5-20 s)
 def test_tour_parameters_are_injected_after_the_parameters_cell(tmp_path):
     out = tmp_path / "tour.ipynb"
     proc = execute(str(REPO / "notebooks" / "01_single_controller.ipynb"), "-o", str(out), "-p", "procs=2")
@@ -88,6 +90,7 @@ def test_tour_parameters_are_injected_after_the_parameters_cell(tmp_path):
     assert "mesh main (gpus=2)" in status.outputs[0]["data"]["text/plain"]
 
 
+@pytest.mark.slow  # executes a notebook on a real kernel (5-20 s)
 def test_a_failing_notebook_exits_nonzero_naming_the_cell(tmp_path):
     nb = nbformat.v4.new_notebook(cells=[
         nbformat.v4.new_markdown_cell("# broken"),
@@ -124,6 +127,7 @@ def test_a_failing_cell_is_counted_in_the_notebook_as_passed_not_after_injected_
     assert str(failure).startswith("cell 3 (In [3]) failed: ZeroDivisionError: division by zero\n  > 1 / 0")
 
 
+@pytest.mark.slow  # executes a notebook on a real kernel (5-20 s)
 def test_bad_parameters_and_missing_notebooks_are_clear_errors(tmp_path):
     proc = execute(str(REPO / "notebooks" / "01_single_controller.ipynb"), "-p", "noequals")
     assert proc.returncode == 2 and "must look like name=value" in proc.stderr
@@ -131,6 +135,7 @@ def test_bad_parameters_and_missing_notebooks_are_clear_errors(tmp_path):
     assert proc.returncode == 2 and "no notebook at" in proc.stderr
 
 
+@pytest.mark.slow  # executes a notebook on a real kernel (5-20 s)
 def test_widget_state_is_stored_in_the_executed_notebook(tmp_path):
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(
         "import ipywidgets as w\nw.IntProgress(value=3, max=5)")])

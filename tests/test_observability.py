@@ -64,6 +64,7 @@ def test_every_rank_writes_its_output_to_its_own_file_and_identical_lines_fold(s
         session.logs("nope")
 
 
+@pytest.mark.slow  # a rank holds the GIL for 15 s
 def test_stacks_of_a_rank_that_holds_the_gil_come_back_within_seconds(session):
     handle = session.mesh("main")
     held = handle.agent.slice(gpus=1).run_cell.call(HOLD_GIL)
