@@ -11,8 +11,8 @@ from __future__ import annotations
 import ctypes
 import shutil
 import signal
-import sys
 import subprocess
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -41,20 +41,47 @@ def take(jobs: bool) -> State:
                  _jobs() if jobs else {})
 
 
-def _native_sigint() -> int | None:
-    """The address of the function the kernel calls on SIGINT (Linux: ``sa_handler`` is the
+def _native_handler(signum: int) -> int | None:
+    """The address of the function the kernel calls on ``signum`` (Linux: ``sa_handler`` is the
     first field of ``struct sigaction``); None elsewhere."""
     if not sys.platform.startswith("linux"):
         return None
     action = ctypes.create_string_buffer(256)  # larger than any struct sigaction
-    if _libc.sigaction(signal.SIGINT, None, action) != 0:
+    if _libc.sigaction(signum, None, action) != 0:
         return None
     return int.from_bytes(action.raw[:ctypes.sizeof(ctypes.c_void_p)], sys.byteorder)
 
 
+def _native_sigint() -> int | None:
+    return _native_handler(signal.SIGINT)
+
+
+def _python_c_handler() -> int | None:
+    """Python's C handler: one function for every signal with a Python handler, read off
+    SIGWINCH (ignored by default) while it briefly has one."""
+    previous = signal.signal(signal.SIGWINCH, lambda *_: None)
+    try:
+        return _native_handler(signal.SIGWINCH)
+    finally:
+        signal.signal(signal.SIGWINCH, previous if previous is not None else signal.SIG_DFL)
+
+
+class _DlInfo(ctypes.Structure):
+    _fields_ = [("fname", ctypes.c_char_p), ("fbase", ctypes.c_void_p),
+                ("sname", ctypes.c_char_p), ("saddr", ctypes.c_void_p)]
+
+
+def native_name(address: int) -> str:
+    """``0x7f..: signal_hook_registry::handler in .../_rust_bindings.so``: who installed it."""
+    info = _DlInfo()
+    if address < 4096 or not _libc.dladdr(ctypes.c_void_p(address), ctypes.byref(info)):
+        return {0: "SIG_DFL", 1: "SIG_IGN"}.get(address, f"{address:#x}")
+    where = (info.fname or b"?").decode(errors="replace")
+    return f"{address:#x}: {(info.sname or b'?').decode(errors='replace')} in {where}"
+
+
 _libc = ctypes.CDLL(None, use_errno=True)
-# Python's own C handler, installed at startup (it is behind ``signal.default_int_handler``).
-PYTHON_NATIVE_SIGINT = _native_sigint() if signal.getsignal(signal.SIGINT) is signal.default_int_handler else None
+PYTHON_NATIVE_SIGINT = _python_c_handler()
 
 
 def _threads() -> dict[threading.Thread, str]:
@@ -138,7 +165,7 @@ def leftovers(before: State, after: State, owned: list[Owned]) -> dict[str, dict
         left["SIGINT handler"] = {("sigint", id(handler)): repr(handler)}
     native = after.native_sigint
     if native != before.native_sigint and native != PYTHON_NATIVE_SIGINT:
-        left["native SIGINT handler"] = {("native sigint", native): f"at {native:#x}, not Python's: Ctrl-C raises nothing"}
+        left["native SIGINT handler"] = {("native sigint", native): f"{native_name(native)} (not Python's: Ctrl-C may raise nothing)"}
     return {kind: items for kind, items in left.items() if items}
 
 
