@@ -13,7 +13,9 @@ ours that were not there before it. Each is compared with a snapshot at the righ
   what is new at its teardown was left by the test or its function fixtures. Exception: a test
   using a module/class/session fixture of ours that has a value (a shared Session or shell) may
   grow what that object owns (``%monarch up`` in a module-wide shell): its leftovers are charged
-  to its module, naming the test, instead of failing it (a SIGINT handler still fails it).
+  to the end of that fixture's scope, naming the test, instead of failing it: the module's end,
+  or the session's when a session fixture is shared (Playwright's loop starts executor threads
+  for a screenshot). A SIGINT handler still fails the test.
 * per module: ``_no_module_leaks`` is the first module-scoped fixture, so it compares the state
   after the module's fixtures are torn down with the state before they were set up.
 * per session: ``_no_session_leaks`` is set up first and torn down last.
@@ -43,6 +45,7 @@ ARTIFACTS = REPO / "test-artifacts"
 
 _owned: dict[object, leak_check.Owned] = {}  # session fixture -> what its setup created
 _charged: dict[object, str] = {}  # thing left -> the test (using a shared object) that left it
+_grown = leak_check.Owned()  # what tests grew in session-scoped shared objects: checked at session end
 _reported: set[object] = set()  # reported once, at the narrowest scope that left it
 
 
@@ -101,20 +104,22 @@ def _no_module_leaks(request):
     before = leak_check.take(jobs=True)
     yield
     try:
-        _report(leak_check.settle(before, list(_owned.values()), jobs=True),
+        _report(leak_check.settle(before, [*_owned.values(), _grown], jobs=True),
                 f"{request.node.nodeid} (its module-scoped fixtures and the tests that used them)")
     finally:
-        _charged.clear()
+        for key in list(_charged):  # what tests grew in session objects is reported at the session's end
+            if key not in _grown:
+                del _charged[key]
 
 
-def _shared_objects(item) -> list[str]:
-    """Broader-scoped fixtures of ours with a value that the test uses (what it may grow)."""
-    names = []
+def _shared_objects(item) -> dict[str, str]:
+    """Broader-scoped fixtures of ours with a value that the test uses (what it may grow): name -> scope."""
+    shared = {}
     for name, defs in item._fixtureinfo.name2fixturedefs.items():
         fd = defs[-1]
         if fd.scope != "function" and fd.baseid and fd.cached_result is not None and fd.cached_result[0] is not None:
-            names.append(name)
-    return names
+            shared[name] = fd.scope
+    return shared
 
 
 @pytest.fixture(autouse=True)
@@ -127,11 +132,14 @@ def _no_leaks(request):
     if not shared:
         _report(leak_check.settle(before, owned, jobs), request.node.name)
         return
-    # What a shared object grew is checked at the module's end; a SIGINT handler is never its.
-    left = leak_check.leftovers(before, leak_check.take(jobs=jobs), owned)
+    # What a shared object grew is checked when its scope ends; a SIGINT handler is never its.
+    after = leak_check.take(jobs=jobs)
+    left = leak_check.leftovers(before, after, owned)
     for kind, items in left.items():
         for key in items:
             _charged.setdefault(key, f"{request.node.name} (shares {', '.join(shared)})")
+    if {"session", "package"} & set(shared.values()):
+        _grown.add(before, after)
     _report({kind: items for kind, items in left.items() if "SIGINT" in kind}, request.node.name)
 
 

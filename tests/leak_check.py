@@ -122,7 +122,8 @@ def _jobs() -> dict[str, str]:
 
 @dataclass
 class Owned:
-    """What broader-scoped fixtures created while being set up: theirs until they are torn down.
+    """What broader-scoped fixtures created while being set up (or tests grew in them): theirs
+    until they are torn down.
 
     A process counts as owned when it or an ancestor is (a Lab server's kernels, a browser's
     renderers are started later, under the process the fixture started). A SIGINT handler is
@@ -136,6 +137,9 @@ class Owned:
         self.threads |= after.threads.keys() - before.threads.keys()
         self.pids |= after.children.keys() - before.children.keys()
         self.listening |= after.listening.keys() - before.listening.keys()
+
+    def __contains__(self, key: Any) -> bool:
+        return key in self.threads or key in self.pids or key in self.listening
 
     def owns_process(self, key: tuple[int, float], children: dict) -> bool:
         by_pid = {pid: (pid, t) for pid, t in children}

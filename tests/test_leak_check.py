@@ -36,6 +36,15 @@ def shared():
 def test_grows_a_shared_object(shared):
     shared["worker"] = sleeper()
     kept.things.append(shared["worker"])
+
+@pytest.fixture(scope="session")
+def pool():
+    return {}
+
+def test_grows_a_session_object(pool):  # its thread is the session's until the session ends
+    pool["stop"] = threading.Event()
+    threading.Thread(target=pool["stop"].wait, name="grown-thread").start()
+    kept.things.append(pool["stop"])
 '''
 
 CLEANUP = '''
@@ -65,7 +74,7 @@ def test_a_test_that_leaves_things_behind_fails_naming_them(pytester, monkeypatc
 
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
 
-    result.assert_outcomes(passed=4, errors=2)
+    result.assert_outcomes(passed=5, errors=2)
     out = result.stdout.str()
     result.stdout.re_match_lines([
         r"test_leaves_everything left behind: 1 thread \(left-thread\), 1 child process \(pid \d+: .*"
@@ -76,3 +85,4 @@ def test_a_test_that_leaves_things_behind_fails_naming_them(pytester, monkeypatc
         r"\(shares shared\)\]\)",
     ])
     assert "test_clean left behind" not in out and "test session left behind" not in out
+    assert "grown-thread" not in out  # not charged to the module; gone by the session's end
