@@ -65,7 +65,7 @@ def test_cleans_up_what_the_other_module_left():
 
 
 def test_a_test_that_leaves_things_behind_fails_naming_them(pytester, monkeypatch):
-    monkeypatch.setenv("MONARCH_NB_LEAKS", "fail")  # the strict mode (conftest.LEAKS_FAIL)
+    monkeypatch.delenv("MONARCH_NB_LEAKS", raising=False)  # the default: a leak fails
     for name in ("conftest.py", "leak_check.py", "proc_checks.py"):
         shutil.copy(TESTS / name, pytester.path / name)
     with open(pytester.path / "conftest.py", "a") as f:

@@ -162,7 +162,7 @@ def _with_parameters(root: Path, name: str, params: dict) -> str:
     return out
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def lab(tmp_path_factory) -> Iterator[LabServer]:
     import psutil
 
@@ -228,7 +228,7 @@ def lab(tmp_path_factory) -> Iterator[LabServer]:
         psutil.wait_procs(procs, timeout=10)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
     if not Path(CHROMIUM).exists():
         pytest.fail(f"no Chromium at {CHROMIUM}: the project setup installs Debian's `chromium` "
