@@ -27,14 +27,12 @@ runs a fixed set.
 
 from __future__ import annotations
 
-import json
 import random
-import subprocess
 import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from ..jobs.slurm import resume_node
+from ..jobs.slurm import jobs_named, resume_node
 from ..telemetry.events import (Acquired, AllGroupsLost, FailureDetected, FaultInjected, Healed, Quorum, Rejoined,
                                 Respawned, TornDown)
 
@@ -133,7 +131,7 @@ def run_trial(run: Any, cell: Cell, trial: int = 0, victim: int | None = None, t
     back, recovered_detail = _wait_back(run, {victim} | ({second} if fired_at else set()), t0, timeout)
     if cell.phase in _WORKER_PHASES:
         run.disarm()  # a heal-phase fault whose target served no heal must not fire in a later trial
-        fired_at = _fired_in_worker(run, second, t0)
+        fired_at = run.faults.fired_during_phase(second, t0)
     identical = False
     if back:
         verdict = run.check_identical(timeout=120)
@@ -169,19 +167,6 @@ def _second_fault(run: Any, cell: Cell, victim: int, second: int, t0: float, tim
         run.wait_for(lambda e: isinstance(e, kind) and e.replica == victim, timeout=timeout, since=t0)
     run.inject(cell.kind, replica=second)
     return time.time()
-
-
-def _fired_in_worker(run: Any, replica: int, since: float) -> float | None:
-    """When a fault aimed at a phase fired in ``replica`` (from the run's fault log), if it did."""
-    try:
-        with open(run.fault_log, encoding="utf-8") as f:
-            for line in f:
-                rec = json.loads(line)
-                if rec.get("replica") == replica and rec.get("during") and float(rec.get("t", 0)) >= since:
-                    return float(rec["t"])
-    except (OSError, ValueError):
-        return None
-    return None
 
 
 def _wait_back(run: Any, hit: set[int], t0: float, timeout: float) -> tuple[bool, str]:
@@ -224,9 +209,7 @@ def _left_in_squeue(run: Any) -> int:
     """Jobs of this run in squeue that no group holds (released allocations that stayed)."""
     held = {getattr(run.session.mesh(g.name).allocation, "job_id", None) for g in run.groups.active()
             if g.name in run.session.meshes}
-    out = subprocess.run(["squeue", "-h", "-o", "%i %j"], capture_output=True, text=True).stdout
-    ours = [line.split()[0] for line in out.splitlines() if "monarch_nb-replica" in line]
-    return len([j for j in ours if j not in held])
+    return len([j for j in jobs_named("monarch_nb-replica") if j not in held])
 
 
 def draw(n: int, seed: int, slurm: bool) -> list[Cell]:

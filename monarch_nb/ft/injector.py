@@ -131,6 +131,16 @@ class FaultInjector:
                     return float(rec["t"])
         return None
 
+    def fired_during_phase(self, replica: int, since: float) -> float | None:
+        """When a fault aimed at a phase (``inject(..., during=...)``) fired in ``replica`` at or
+        after ``since``, from the fault log; None if none did (the phase never came)."""
+        with self._lock:
+            self._read_log()
+            for rec in self._fired:
+                if rec.get("replica") == replica and rec.get("during") and float(rec.get("t", 0)) >= since:
+                    return float(rec["t"])
+        return None
+
     def fired_by(self, pid: int) -> str | None:
         """The kind of the latest fault process ``pid`` recorded firing, from the fault log (it
         writes the line just before it fires); None if it fired none."""

@@ -111,6 +111,13 @@ def job_states(job_ids: list[str]) -> dict[str, JobStatus]:
     return {j: found.get(j, JobStatus(j, "GONE")) for j in job_ids}
 
 
+def jobs_named(fragment: str) -> list[str]:
+    """Ids of the jobs in squeue whose name contains ``fragment``."""
+    out = _run(["squeue", "-h", "-o", "%i|%j"])
+    return [i for i, _, name in (line.strip().partition("|") for line in out.stdout.splitlines())
+            if fragment in name]
+
+
 def _check(out: subprocess.CompletedProcess, what: str) -> subprocess.CompletedProcess:
     if out.returncode != 0:
         raise SlurmError(f"{what} failed: {(out.stderr or out.stdout).strip()}")
