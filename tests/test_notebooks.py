@@ -18,7 +18,7 @@ CI_PARAMS: dict[str, list[str]] = {
     "01_single_controller.ipynb": ["-p", "procs=3"],
     "02_fault_tolerant_training.ipynb": ["-p", "replicas=3", "-p", "warmup_steps=2"],
     "03_dashboard.ipynb": ["-p", "replicas=2", "-p", "headless=True"],
-    "04_checkpointless.ipynb": ["-p", "target=80", "-p", "period_s=20.0"],
+    "04_checkpointless.ipynb": ["-p", "target=50", "-p", "period_s=20.0"],  # each arm still sees a fault (the race waits for one)
 }
 
 
