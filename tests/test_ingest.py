@@ -28,6 +28,17 @@ def test_a_quorum_is_recorded_once_however_many_groups_report_it():
     assert ingest.translate(1, {0: {"events": [q]}}) == []
 
 
+def test_a_quorum_names_the_group_whose_store_it_connects_through():
+    ingest = EventIngest(group_size=1)
+    q = {"kind": "quorum", "t": 1.0, "participants": [0, 1, 2], "store": "10.0.0.5:4001"}
+    ingest.translate(0, {0: {"events": [{**q, "quorum_id": 1, "own_store": "10.0.0.5:4001"}]}})
+    ingest.translate(2, {0: {"events": [{**q, "quorum_id": 1, "own_store": "10.0.0.6:4003"}]}})
+    (later,) = ingest.translate(2, {0: {"events": [{**q, "quorum_id": 2, "own_store": "10.0.0.6:4003"}]}})
+    assert later.store_replica == 0  # replica 0's store, though replica 2 reported the quorum first
+    (unknown,) = ingest.translate(1, {0: {"events": [{**q, "quorum_id": 3, "store": "10.0.0.9:1"}]}})
+    assert unknown.store_replica is None
+
+
 def test_a_heal_is_recorded_once_the_last_rank_healed_with_the_bytes_summed():
     ingest = EventIngest(group_size=2)
     healed = {"kind": "healed", "step": 9, "source_replica": 0}

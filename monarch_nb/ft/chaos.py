@@ -10,6 +10,8 @@ sees are waited for on the event log and the second fault is injected at once:
   acquire   torn down (processes or an allocation are being acquired)
   build     acquired (the trainer is being built)
   quorum    respawned (the victim asks for its first quorum)
+  formed    the victim's first quorum formed (its process group is being built through one
+            group's store: the target ``store`` is that group, e.g. a node_down of its node)
   rejoin    healed (the victim is about to commit its first step)
 
 Phases inside a worker are armed in the target (``FTRun.inject(..., during=...)``) and fire
@@ -36,8 +38,8 @@ from ..jobs.slurm import jobs_named, resume_node
 from ..telemetry.events import (Acquired, AllGroupsLost, FailureDetected, FaultInjected, Healed, Quorum, Rejoined,
                                 Respawned, TornDown)
 
-PHASES = ("detect", "teardown", "acquire", "build", "quorum", "pg_setup", "heal", "rejoin")
-TARGETS = ("victim", "donor", "survivor")
+PHASES = ("detect", "teardown", "acquire", "build", "quorum", "formed", "pg_setup", "heal", "rejoin")
+TARGETS = ("victim", "donor", "survivor", "store")
 KINDS = ("kill", "comms")
 SLURM_KINDS = ("preempt", "node_down")
 # The event after which each controller-seen phase is under way (of the victim's recovery).
@@ -60,6 +62,8 @@ class Cell:
         a worker phase needs a worker-side kind, a cluster kind needs SLURM)."""
         if self.kind in SLURM_KINDS and not slurm:
             return f"{self.kind} needs a run on SLURM"
+        if self.target == "store" and self.phase != "formed":
+            return "the quorum's store is known once the victim's quorum formed (phase formed)"
         if self.target == "victim" and self.phase in ("detect", "teardown", "acquire") and self.kind != "preempt":
             return "the victim has no process to hit before it is acquired"
         if self.target == "victim" and self.phase == "build" and self.kind not in SLURM_KINDS:
@@ -118,14 +122,14 @@ def run_trial(run: Any, cell: Cell, trial: int = 0, victim: int | None = None, t
         raise ValueError(f"a second-fault trial needs at least 3 training groups; this run has {len(live)}")
     victim = live[trial % len(live)] if victim is None else victim
     survivors = [r for r in live if r != victim]
-    second = {"victim": victim, "donor": survivors[0], "survivor": survivors[-1]}[cell.target]
-    nodes = _nodes(run) if slurm else {}
+    second = {"victim": victim, "donor": survivors[0], "survivor": survivors[-1], "store": -1}[cell.target]
+    nodes: dict[int, list[str]] = {}
     t0 = time.time()
     run.inject("kill", replica=victim)
     fired_at: float | None = None
     detail = ""
     try:
-        fired_at = _second_fault(run, cell, victim, second, t0, timeout)
+        fired_at, second, nodes = _second_fault(run, cell, victim, second, t0, timeout)
     except (TimeoutError, RuntimeError, ValueError) as exc:
         detail = f"second fault not sent: {exc}"
     back, recovered_detail = _wait_back(run, {victim} | ({second} if fired_at else set()), t0, timeout)
@@ -152,21 +156,34 @@ def run_trial(run: Any, cell: Cell, trial: int = 0, victim: int | None = None, t
                        detail="; ".join(d for d in (detail, recovered_detail) if d))
 
 
-def _second_fault(run: Any, cell: Cell, victim: int, second: int, t0: float, timeout: float) -> float | None:
-    """Send the second fault at its phase; returns when it was sent (None: armed in a worker)."""
+def _second_fault(run: Any, cell: Cell, victim: int, second: int, t0: float,
+                  timeout: float) -> tuple[float | None, int, dict[int, list[str]]]:
+    """Send the second fault at its phase; returns when it was sent (None: armed in a worker),
+    the group it was aimed at, and (on SLURM) the nodes each group held just before it."""
     if cell.phase in _WORKER_PHASES:
         # The survivors' quorum without the victim comes first: arm after it, so the next process
         # group built (or heal served) is the victim's.
         run.wait_for(lambda e: isinstance(e, Quorum) and victim not in e.participants, timeout=timeout, since=t0)
         run.inject(cell.kind, replica=second, during=_WORKER_PHASES[cell.phase])
-        return None
-    if cell.phase == "detect":
+        return None, second, {}
+    if cell.phase == "formed":
+        # After the survivors' quorum without the victim, the first one with it: the victim's.
+        gone = run.wait_for(lambda e: isinstance(e, Quorum) and victim not in e.participants,
+                            timeout=timeout, since=t0)
+        formed = run.wait_for(lambda e: isinstance(e, Quorum) and victim in e.participants,
+                              timeout=timeout, since=gone.t)
+        if cell.target == "store":
+            if formed.store_replica is None:
+                raise ValueError(f"quorum {formed.quorum_id}: no group is known to hold its store")
+            second = formed.store_replica
+    elif cell.phase == "detect":
         run.wait_for(lambda e: isinstance(e, FaultInjected) and e.replica == victim, timeout=timeout, since=t0)
     else:
         kind = _PHASE_STARTS[cell.phase]
         run.wait_for(lambda e: isinstance(e, kind) and e.replica == victim, timeout=timeout, since=t0)
+    nodes = _nodes(run) if run.config.job == "slurm" else {}
     run.inject(cell.kind, replica=second)
-    return time.time()
+    return time.time(), second, nodes
 
 
 def _wait_back(run: Any, hit: set[int], t0: float, timeout: float) -> tuple[bool, str]:

@@ -33,6 +33,7 @@ class EventIngest:
     def __init__(self, group_size: int) -> None:
         self.group_size = group_size
         self._seen_quorums: set[int] = set()
+        self._stores: dict[str, int] = {}  # a group's store address (host:port) -> its replica
         self._heal_parts: dict[int, dict[int, dict[str, Any]]] = {}
         self._failed_at: dict[int, float] = {}  # replica -> when its failure happened (awaiting rejoin)
 
@@ -67,9 +68,12 @@ class EventIngest:
                 yield Rejoined(t=t, replica=replica, step=int(ev["step"]), seconds_since_failure=t - failed_at)
         elif kind == "quorum" and rank == 0:
             qid = int(ev["quorum_id"])
+            if ev.get("own_store") and replica is not None:
+                self._stores[str(ev["own_store"])] = replica
             if qid not in self._seen_quorums:
                 self._seen_quorums.add(qid)
-                yield Quorum(t=t, quorum_id=qid, participants=list(ev.get("participants") or []), replica=replica)
+                yield Quorum(t=t, quorum_id=qid, participants=list(ev.get("participants") or []), replica=replica,
+                             store_replica=self._stores.get(str(ev.get("store"))))
         elif kind == "healed":
             parts = self._heal_parts.setdefault(replica, {})
             parts[rank] = ev

@@ -542,7 +542,11 @@ class ReplicaTrainer:
         if q is not None and q.quorum_id != self._last_quorum_id:
             self._last_quorum_id = q.quorum_id
             members = [_replica_index(r) for r in q.replica_ids]
+            # The quorum's store (which every member's process group connects through) is one
+            # member's group store: "store" names it, "own_store" is ours, so the controller can
+            # tell whose node a quorum depends on.
             self.emit({"kind": "quorum", "quorum_id": int(q.quorum_id), "participants": members,
+                       "store": str(q.store_address), "own_store": f"{self.store_host}:{self.store_port}",
                        "replica": self.replica, "rank": self.rank, "t": time.time()})
         healed = self._healed_info is not None
         if self._healed_info is not None:

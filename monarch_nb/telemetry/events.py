@@ -301,6 +301,7 @@ class Quorum(Event):
     quorum_id: int
     participants: list[int]
     replica: int | None = None
+    store_replica: int | None = None  # the group whose store the quorum's process group connects through
 
 
 @dataclass(frozen=True, kw_only=True)
