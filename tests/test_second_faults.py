@@ -18,15 +18,10 @@ import psutil
 import pytest
 
 from monarch_nb.ft import FTRun, RunConfig
-from monarch_nb.telemetry.events import (AllGroupsLost, CommsRetry, FailureDetected, Healed, Quorum, Rejoined,
+from monarch_nb.ft.chaos import survivors_quorum
+from monarch_nb.telemetry.events import (AllGroupsLost, CommsRetry, FailureDetected, Healed, Rejoined,
                                          RestartedFromScratch, Step)
 from proc_checks import assert_gone, wait_for
-
-
-def _survivors_quorum(run: FTRun, victim: int, since: float) -> Quorum:
-    """The survivors' quorum after ``victim`` dropped out (the next pg setup is then the victim's)."""
-    return run.wait_for(lambda e: isinstance(e, Quorum) and e.t >= since and victim not in e.participants,
-                        timeout=60, since=since)
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +38,7 @@ def overlapping(tmp_path_factory):
             since = time.time()
             donor_pids = list(run.groups[0].pids)
             run.inject("kill", replica=1)
-            _survivors_quorum(run, 1, since)
+            survivors_quorum(run, 1, since, timeout=60)
             run.inject(kind, replica=2, during="pg_setup")  # fires in the victim's quorum
             back = [run.wait_for(lambda e, v=v: isinstance(e, Rejoined) and e.replica == v, timeout=240, since=since)
                     for v in (1, 2)]

@@ -161,15 +161,14 @@ def _second_fault(run: Any, cell: Cell, victim: int, second: int, t0: float,
     """Send the second fault at its phase; returns when it was sent (None: armed in a worker),
     the group it was aimed at, and (on SLURM) the nodes each group held just before it."""
     if cell.phase in _WORKER_PHASES:
-        # The survivors' quorum without the victim comes first: arm after it, so the next process
-        # group built (or heal served) is the victim's.
-        run.wait_for(lambda e: isinstance(e, Quorum) and victim not in e.participants, timeout=timeout, since=t0)
+        # Arm after the survivors' quorum, so the next process group built (or heal served) is
+        # the victim's.
+        survivors_quorum(run, victim, t0, timeout)
         run.inject(cell.kind, replica=second, during=_WORKER_PHASES[cell.phase])
         return None, second, {}
     if cell.phase == "formed":
-        # After the survivors' quorum without the victim, the first one with it: the victim's.
-        gone = run.wait_for(lambda e: isinstance(e, Quorum) and victim not in e.participants,
-                            timeout=timeout, since=t0)
+        # After the survivors' quorum, the first one with the victim: the victim's.
+        gone = survivors_quorum(run, victim, t0, timeout)
         formed = run.wait_for(lambda e: isinstance(e, Quorum) and victim in e.participants,
                               timeout=timeout, since=gone.t)
         if cell.target == "store":
@@ -184,6 +183,13 @@ def _second_fault(run: Any, cell: Cell, victim: int, second: int, t0: float,
     nodes = _nodes(run) if run.config.job == "slurm" else {}
     run.inject(cell.kind, replica=second)
     return time.time(), second, nodes
+
+
+def survivors_quorum(run: Any, victim: int, since: float, timeout: float) -> Quorum:
+    """The survivors' quorum after ``victim`` dropped out (recorded at or after ``since``): it
+    comes before the victim's own first quorum."""
+    return run.wait_for(lambda e: isinstance(e, Quorum) and victim not in e.participants,
+                        timeout=timeout, since=since, what=f"a quorum without replica {victim}")
 
 
 def _wait_back(run: Any, hit: set[int], t0: float, timeout: float) -> tuple[bool, str]:
