@@ -139,7 +139,7 @@ def test_an_empty_file_is_the_default_config(tmp_path):
     ("[training]\nbatch_size = 2\nlocal_batch_size = 2\n",
      "[training] local_batch_size: sets batch_size, which [training] batch_size already set"),
     ("[training]\nseq_len = 4\n", "[training] seq_len: must be an integer >= 8, got 4 (RunConfig.seq_len;"),
-    ("[model]\nflavor = \"2B\"\n", "[model] flavor: unknown model '2B'; allowed values: debugmodel, debug4x, small, medium, 1B"),
+    ("[model]\nflavor = \"2B\"\n", "[model] flavor: unknown model '2B'; allowed values: tiny, debugmodel, debug4x, small, medium, 1B"),
     ("[fault_tolerance]\ngroup_size = 2\nmin_replica_size = 3\n",
      "[fault_tolerance] min_replica_size: 3 exceeds replicas (2)"),
     ("[monarch_nb.restart]\nmax_restarts = -1\n", "[monarch_nb] restart.max_restarts: must be an integer >= 0"),
@@ -204,11 +204,12 @@ def test_help_documents_every_field_in_groups():
 # ---- model flavours -------------------------------------------------------------------------
 
 
-def test_flavours_between_debugmodel_and_1B_have_the_advertised_sizes():
+def test_flavours_between_tiny_and_1B_have_the_advertised_sizes():
     from monarch_nb.ft.flavors import parameter_count
 
-    assert MODELS[:5] == ("debugmodel", "debug4x", "small", "medium", "1B")
-    counts = {name: parameter_count(name) for name in ("debugmodel", "debug4x", "small", "medium")}  # meta device
+    assert MODELS[:6] == ("tiny", "debugmodel", "debug4x", "small", "medium", "1B")
+    counts = {name: parameter_count(name) for name in ("tiny", "debugmodel", "debug4x", "small", "medium")}  # meta device
+    assert counts["tiny"] == 385_344 and counts["tiny"] < counts["debugmodel"]
     assert counts["debugmodel"] == 6_163_712
     assert counts["small"] == 103_834_368 and counts["medium"] == 408_995_328
     assert counts["debugmodel"] < counts["debug4x"] < counts["small"]

@@ -74,7 +74,7 @@ class RunConfig:
             instead of waiting for processes and imports. Not with job="process".
 
     Model and train step (torchtitan Llama 3):
-        model: the flavour (default "debugmodel", 6.2M parameters): "debugmodel", "small"
+        model: the flavour (default "debugmodel", 6.2M parameters): "tiny" (~0.4M), "debugmodel", "small"
             (~104M), "medium" (~409M) or torchtitan's "1B", "3B", "8B", "70B", "405B"
             (see ``monarch_nb.ft.flavors``).
         steps: train steps; each group stops after committing this many (None, default:

@@ -1,7 +1,8 @@
 """Llama 3 model flavours: torchtitan's own, plus sizes between its debug model and 1B.
 
 torchtitan 0.3.0 ships ``debugmodel`` (6.2M parameters) and then jumps to ``1B`` (1.2B, with
-a 128K vocabulary): nothing for a laptop or a small GPU. :data:`FLAVORS` adds ``small``
+a 128K vocabulary): nothing for a laptop or a small GPU. :data:`FLAVORS` adds ``tiny`` (~0.4M,
+for runs of 16-32 groups on one machine), ``small``
 (~104M) and ``medium`` (~409M), described by a few numbers (:class:`Flavor`) and assembled
 here from torchtitan's public model pieces exactly as torchtitan assembles its own flavours
 (same blocks, same initialisation; the test suite checks that our assembly of the
@@ -54,6 +55,8 @@ class Flavor:
 # Flavours defined by monarch_nb (torchtitan's own are built by torchtitan). Parameter counts
 # are exact (tests/test_config_toml.py builds each on the meta device).
 FLAVORS: dict[str, Flavor] = {
+    "tiny": Flavor(dim=64, n_layers=2, n_heads=4, n_kv_heads=2,
+                   note="~0.4M parameters: 32 groups of one process on a 2-core laptop (scale runs)"),
     "debug4x": Flavor(dim=512, n_layers=8, n_heads=16,
                       note="~4x debugmodel's parameters: state-size scaling in bench_scale_model.py"),
     "small": Flavor(dim=768, n_layers=16, n_heads=12, n_kv_heads=4,
@@ -63,7 +66,7 @@ FLAVORS: dict[str, Flavor] = {
 }
 
 # Every flavour a RunConfig may name, smallest first.
-FLAVOR_NAMES = ("debugmodel", *FLAVORS, *TORCHTITAN_FLAVORS[1:])
+FLAVOR_NAMES = ("tiny", "debugmodel", *(n for n in FLAVORS if n != "tiny"), *TORCHTITAN_FLAVORS[1:])
 
 # torchtitan's debugmodel in the same terms (its _debugmodel): used to check our assembly.
 DEBUGMODEL = Flavor(dim=256, n_layers=6, n_heads=16, vocab_size=2048, multiple_of=256)
