@@ -334,7 +334,7 @@ class FTRun:
             self._unsubscribe = self._session.on_failure(sup.on_worker_failed)
             for g in self.groups:
                 sup.set_state(g, STARTING)
-                sup.spawn(g)
+            sup.spawn_all(list(self.groups))
             deadline = time.monotonic() + (timeout or cfg.init_timeout_s)
             for g in self.groups:
                 sup.wait_ready(g, deadline)

@@ -59,6 +59,7 @@ from .platform import DEVICE_SLOT_ENV
 from .spares import Spare, SparePool
 
 log = logging.getLogger(__name__)
+SPAWN_THREADS = 32  # groups brought up at once by spawn_all
 RESUME_RETRY_S = 5.0  # after a failed checkpoint load, the next try (at a poll that finds a group waiting)
 MAX_STACK_CHARS = 8000  # a stack kept with a failure event (its innermost frames are at the top)
 
@@ -134,6 +135,23 @@ class Supervisor:
                                                    lambda port: self._trainer_args(g, port))
         self.groups.attach(g, actors, procs, time.monotonic())
         return acquired_s
+
+    def spawn_all(self, groups: list[ReplicaGroup]) -> dict[int, float]:
+        """Processes and trainers for every group at once: the groups' start-ups (process spawn,
+        SLURM allocation, imports) overlap instead of queueing, so starting R groups costs about
+        the slowest one's time, not the sum (on a cluster each group's node does its own work).
+        Returns each group's acquisition time by index; the first error is raised once every
+        spawn has ended."""
+        if len(groups) <= 1:
+            return {g.index: self.spawn(g) for g in groups}
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(max_workers=min(len(groups), SPAWN_THREADS), thread_name_prefix="ft-spawn") as pool:
+            futures = {g.index: pool.submit(self.spawn, g) for g in groups}
+        errors = [f.exception() for f in futures.values() if f.exception() is not None]
+        if errors:
+            raise errors[0]
+        return {index: f.result() for index, f in futures.items()}
 
     # ---- warm spares -------------------------------------------------------------------
 
@@ -472,9 +490,8 @@ class Supervisor:
             for h in groups:
                 h.attempts += 1
                 self.set_state(h, RESPAWNING, f"restart from {'step ' + str(checkpoint.step) if checkpoint else 'scratch'}")
-                acquired_s = self.spawn(h)
-                if h is g:
-                    self._emit(Acquired(t=start + acquired_s, replica=h.index, how="spawn", seconds=acquired_s))
+            acquired_s = self.spawn_all(groups)[g.index]
+            self._emit(Acquired(t=start + acquired_s, replica=g.index, how="spawn", seconds=acquired_s))
             for h in groups:
                 self.wait_ready(h, time.monotonic() + self.config.init_timeout_s)
             for h in groups:
