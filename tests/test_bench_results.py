@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -43,3 +44,8 @@ def test_scale_model_json_clusters_come_from_the_same_code():
     seed = json.loads((REPO / "bench/results/seed_clusters.json").read_text())
     assert committed["clusters"] == seed["clusters"] and committed["fit"] == seed["fit"]
 
+
+def test_every_field_of_the_soak_json_is_one_soak_py_writes():
+    written = set(re.findall(r'"(\w+)"(?::|\] =)', (REPO / "bench/soak.py").read_text()))
+    fields = set(json.loads((REPO / "bench/results/soak.json").read_text()))
+    assert fields <= written, f"not written by bench/soak.py: {sorted(fields - written)}"

@@ -200,6 +200,7 @@ def test_open_run_gives_the_same_recoveries_as_the_live_store(tmp_path):
 # failures measured here, and what it assumes.
 
 from dataclasses import replace  # noqa: E402
+import importlib.util  # noqa: E402
 import json  # noqa: E402
 from pathlib import Path  # noqa: E402
 
@@ -285,3 +286,34 @@ def test_scale_records_replace_the_fits_stall_only_with_a_trend_in_r():
     assert z["assumptions"]["stall_steps"]["value"] == pytest.approx(5.0)
     assert "straight line in R" in z["assumptions"]["stall_steps"]["source"]
 
+
+def _load(name):
+    spec = importlib.util.spec_from_file_location(name, REPO / "bench" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_soak_reread_recomputes_the_logs_figures_and_keeps_the_live_ones(tmp_path):
+    soak = _load("soak")
+    run_dir = tmp_path / "soak-run"
+    store = EventStore(run_dir / "events.jsonl")
+    evs = ([RunStarted(t=T, run_id="r", config={"replicas": 3})] + steps([0, 1, 2], T + 1, T + 9)
+           + recovery(1, at=T + 10) + recovery(2, at=T + 20, build=5.0)
+           + [ReplicasIdentical(t=T + 30, step=60, identical=True, hashes={})])
+    for e in sorted(evs, key=lambda e: e.t):
+        store.append(e)
+    store.close()
+    out = tmp_path / "soak.json"
+    out.write_text(json.dumps({"faults_sent": 2, "goodput_ratio": 0.9, "recoveries": 7, "median_total_s": 99.0,
+                               "shots": [{"n": 0}]}))
+    assert soak.main(["--reread", str(run_dir), "--out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert (report["recoveries"], report["recovered"], report["gave_up"]) == (2, 2, 0)
+    # totals 3.5 s and 6.5 s: the median of two is the upper one, as the live soak counts it
+    assert report["median_total_s"] == pytest.approx(6.5) and report["max_total_s"] == pytest.approx(6.5)
+    assert report["survived_without_intervention"] is False  # the log does not end with run_stopped
+    assert report["identity"] == [[60, True]] and report["events_by_kind"]["rejoined"] == 2
+    assert report["event_log_bytes"] == (run_dir / "events.jsonl").stat().st_size
+    assert (report["faults_sent"], report["goodput_ratio"], report["shots"]) == (2, 0.9, [{"n": 0}])
+    assert "--reread" in report["note"] and report["run_dir"] == str(run_dir)
