@@ -9,7 +9,11 @@ group's restart including the checkpoint read (restart mode). The fit is a strai
 the state size for each; costs then follow costmodel's formulas. Writes JSON and a PNG of the
 cost of a failure against cluster size for both ways, measured and extrapolated.
 
-Usage: python bench/bench_scale_model.py --out bench/results/scale_model.json [--quick]
+The seed's clusters in 'clusters' are costmodel.extrapolate's, as bench/seed_clusters.py
+writes them. ``--refit`` measures nothing: it recomputes the fit, the costs, the clusters and
+the PNG from the failures already in ``--out``.
+
+Usage: python bench/bench_scale_model.py --out bench/results/scale_model.json [--quick | --refit]
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from monarch_nb.ft import FTRun, RunConfig  # noqa: E402
-from monarch_nb.ft.costmodel import SEED_CLUSTERS, fit  # noqa: E402
+from monarch_nb.ft.costmodel import SEED_CLUSTERS, Cluster, extrapolate, fit  # noqa: E402
 
 
 def measure(replicas: int, model: str, mode: str, faults: int) -> list[dict]:
@@ -80,8 +84,28 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--models", default="debugmodel,debug4x,small")
     p.add_argument("--faults", type=int, default=2)
     p.add_argument("--quick", action="store_true", help="groups 2,3 and the debugmodel only, one fault")
+    p.add_argument("--refit", action="store_true", help="measure nothing: redo the rest from --out's failures")
     p.add_argument("--out", required=True)
     a = p.parse_args(argv)
+    out = Path(a.out)
+    if a.refit:
+        failures = json.loads(out.read_text())["failures"]
+    else:
+        failures = measure_all(a)
+    result = summarize(failures)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1, default=str))
+    print(json.dumps({"fit": result["fit"], "measured_group_s": result["measured_group_s"]}, indent=1))
+    for c in result["clusters"]:
+        print(f"{c['cluster']}: peer {c['peer_group_s']:.0f} group-s ({c['peer_spare_group_s']:.0f} with a spare), "
+              f"restart {c['restart_group_s']:.0f} group-s per failure: {c['ratio']:.1f}x "
+              f"({c['ratio_with_spare']:.1f}x with a spare); goodput {c['goodput_peer']:.3f} vs "
+              f"{c['goodput_restart']:.3f}")
+    _plot(fit(failures), result["measured_group_s"], out.with_suffix(".png"))
+    return 0
+
+
+def measure_all(a: argparse.Namespace) -> list[dict]:
     groups = [2, 3] if a.quick else [int(g) for g in a.groups.split(",")]
     models = ["debugmodel"] if a.quick else a.models.split(",")
     faults = 1 if a.quick else a.faults
@@ -93,6 +117,12 @@ def main(argv: list[str] | None = None) -> int:
             failures += rows
             print(f"R={replicas} {model:<10} {mode:<7} " + ", ".join(
                 f"{k}={v:.3f}" for r in rows for k, v in r.items() if isinstance(v, float)), flush=True)
+    return failures
+
+
+def summarize(failures: list[dict]) -> dict:
+    """Everything but the failures themselves: the fit, the measured cost per group count, and
+    the seed's clusters (costmodel.extrapolate, the code bench/seed_clusters.py runs)."""
     model = fit(failures)
     measured = {}
     for r in sorted({f["replicas"] for f in failures}):
@@ -105,36 +135,22 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 cost = statistics.mean(r * (f["restart_s"] + 10 / 2 * f["step_s"]) for f in rows)
             measured[f"{mode}-{r}"] = cost
-    clusters = [{"cluster": c.name, "assumptions": c.__dict__, "state_gb": c.state_gb,
-                 "peer_group_s": c.peer_cost(), "peer_spare_group_s": c.peer_cost(spare=True),
-                 "restart_group_s": c.restart_cost(), "ratio": c.restart_cost() / c.peer_cost(),
-                 "ratio_with_spare": c.restart_cost() / c.peer_cost(spare=True)} for c in SEED_CLUSTERS]
-    result = {"failures": failures, "fit": model.to_dict(), "measured_group_s": measured, "clusters": clusters}
-    out = Path(a.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1, default=str))
-    print(json.dumps({"fit": model.to_dict(), "measured_group_s": measured}, indent=1))
-    for c in clusters:
-        print(f"{c['cluster']}: peer {c['peer_group_s']:.0f} group-s ({c['peer_spare_group_s']:.0f} with a spare), "
-              f"restart {c['restart_group_s']:.0f} group-s per failure: {c['ratio']:.1f}x "
-              f"({c['ratio_with_spare']:.1f}x with a spare)")
-    _plot(model, measured, out.with_suffix(".png"))
-    return 0
+    clusters = [extrapolate(model, c) for c in SEED_CLUSTERS]
+    return {"failures": failures, "fit": model.to_dict(), "measured_group_s": measured, "clusters": clusters}
 
 
 def _plot(model, measured: dict, path: Path) -> None:
     from matplotlib.figure import Figure
 
-    from monarch_nb.ft.costmodel import Cluster
-
     fig = Figure(figsize=(8, 4.5), dpi=100)
     ax = fig.subplots()
     sizes = [2, 4, 8, 16, 32, 64]
     seed = SEED_CLUSTERS[0]
-    at = [Cluster(f"{n} groups", groups=n, params_b=seed.params_b) for n in sizes]
-    ax.plot(sizes, [c.restart_cost() for c in at], "o-", color="#D55E00", label="checkpoint-restart (Llama 3 8B, model)")
-    ax.plot(sizes, [c.peer_cost() for c in at], "o-", color="#0072B2", label="peer recovery (model)")
-    ax.plot(sizes, [c.peer_cost(spare=True) for c in at], "o--", color="#56B4E9", label="peer + warm spare (model)")
+    at = [extrapolate(model, Cluster(f"{n} groups", groups=n, params_b=seed.params_b)) for n in sizes]
+    ax.plot(sizes, [c["restart_group_s"] for c in at], "o-", color="#D55E00",
+            label="checkpoint-restart (Llama 3 8B, model)")
+    ax.plot(sizes, [c["peer_group_s"] for c in at], "o-", color="#0072B2", label="peer recovery (model)")
+    ax.plot(sizes, [c["peer_spare_group_s"] for c in at], "o--", color="#56B4E9", label="peer + warm spare (model)")
     for mode, colour in (("peer", "#0072B2"), ("restart", "#D55E00")):
         pts = sorted((int(k.split("-")[1]), v) for k, v in measured.items() if k.startswith(mode))
         if pts:

@@ -12,8 +12,15 @@ intervenes. At the end the run is stopped and the report says:
   event log      its size, and the largest count of one event kind
   processes      worker/Lighthouse processes of the run still alive after stop() (must be 0)
 
+The recovery figures (recoveries, recovered, gave_up, median/max recovery time, identity checks,
+event counts) come from the run's event log alone. ``--reread RUN_DIR --out FILE.json`` recomputes
+them from RUN_DIR/events.jsonl with this checkout's recovery model (after the model changed) and
+rewrites them in FILE.json, keeping what only the live run knew (faults sent, goodput, the final
+identity check, processes left, shots), and says so in ``note``.
+
 Not part of CI (minutes long). Usage:
   python bench/soak.py --faults 50 --every 8 --kinds all [--replicas 3] [--spares 1] [--out FILE.json]
+  python bench/soak.py --reread runs/soak-RUN_ID --out FILE.json
 """
 
 from __future__ import annotations
@@ -29,9 +36,40 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from monarch_nb.ft import FaultKind, FTRun, RunConfig  # noqa: E402
+from monarch_nb.ft import FaultKind, FTRun, RunConfig, open_run  # noqa: E402
 from monarch_nb.ft.faults import CLUSTER_KINDS  # noqa: E402
+from monarch_nb.ft.history import RunHistory  # noqa: E402
 from monarch_nb.meshes import pid_alive  # noqa: E402
+
+
+def log_fields(history: RunHistory, log: Path) -> dict:
+    """The report's fields that the event log alone gives: the live run and --reread share them."""
+    recoveries = history.recoveries()
+    totals = sorted(r.total_s for r in recoveries if r.status == "recovered" and r.total_s is not None)
+    return {
+        "recoveries": len(recoveries),
+        "recovered": sum(1 for r in recoveries if r.status == "recovered"),
+        "gave_up": sum(1 for r in recoveries if r.gave_up),
+        "identity": [(e.step, e.identical) for e in history.identity_checks()],
+        "event_log_bytes": os.path.getsize(log),
+        "events_by_kind": dict(collections.Counter(e.kind for e in history.events).most_common()),
+        "median_total_s": totals[len(totals) // 2] if totals else None,
+        "max_total_s": totals[-1] if totals else None,
+    }
+
+
+def reread(run_dir: str, out: Path) -> dict:
+    """``out``'s report with the log's fields recomputed from ``run_dir``'s event log."""
+    report = json.loads(out.read_text()) if out.exists() else {}
+    history = open_run(run_dir)
+    report.update(log_fields(history, history.events.path))
+    report["survived_without_intervention"] = (report["recovered"] == report["recoveries"]
+                                               and history.summary()["state"] == "stopped")
+    report["run_dir"] = str(run_dir)
+    report["note"] = (f"recoveries, recovered, gave_up, identity, event_log_bytes, events_by_kind, median_total_s, "
+                      f"max_total_s and survived_without_intervention re-read from {history.events.path} by "
+                      f"bench/soak.py --reread on {time.strftime('%Y-%m-%d')}; the other fields are the live run's")
+    return report
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -44,7 +82,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup", type=float, default=30.0, help="fault-free seconds measured first")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out")
+    p.add_argument("--reread", metavar="RUN_DIR", help="recompute the log's fields of --out from RUN_DIR; no run")
     a = p.parse_args(argv)
+    if a.reread:
+        if not a.out:
+            p.error("--reread needs --out (the report to update)")
+        report = reread(a.reread, Path(a.out))
+        Path(a.out).write_text(json.dumps(report, indent=1))
+        print(json.dumps({k: v for k, v in report.items() if k not in ("shots", "identity")}, indent=1))
+        return 0
     kinds = [k.value for k in FaultKind if k not in CLUSTER_KINDS] if a.kinds == "all" else a.kinds.split(",")
     rng = random.Random(a.seed)
     run = FTRun(RunConfig(replicas=a.replicas, spares=a.spares, hang_timeout_s=3.0,
@@ -93,26 +139,18 @@ def main(argv: list[str] | None = None) -> int:
         check = run.check_identical(timeout=120)
     finally:
         run.stop()
-    history = run.history()
-    recoveries = history.recoveries()
-    recovered = [r for r in recoveries if r.status == "recovered"]
-    counts = collections.Counter(e.kind for e in run.events)
+    from_log = log_fields(run.history(), run.run_dir / "events.jsonl")
     alive = [pid for pid in run.spawned_pids + [run.lighthouse_pid] if pid and pid_alive(pid)]
     soak_rate = (steps_end - steps_warm) / max(t_end - t_soak, 1e-9)
     report = {
         "faults_sent": sum(len(s.get("targets", [])) for s in shots if "refused" not in s),
-        "recoveries": len(recoveries), "recovered": len(recovered),
-        "gave_up": sum(1 for r in recoveries if r.gave_up),
-        "survived_without_intervention": len(recovered) == len(recoveries) and all(
+        **from_log,
+        "survived_without_intervention": from_log["recovered"] == from_log["recoveries"] and all(
             s["state"] == "stopped" for s in run.status().values()),
         "goodput_ratio": soak_rate / base_rate if base_rate else None,
-        "identity": [(e.step, e.identical) for e in history.identity_checks()],
         "final_identical": bool(check and check.identical),
-        "event_log_bytes": os.path.getsize(run.run_dir / "events.jsonl"),
-        "events_by_kind": dict(counts.most_common()),
         "processes_left": alive,
-        "median_total_s": sorted(r.total_s for r in recovered)[len(recovered) // 2] if recovered else None,
-        "run_dir": str(run.run_dir), "shots": shots,
+        "run_dir": str(run.run_dir), "args": vars(a), "shots": shots,
     }
     print(json.dumps({k: v for k, v in report.items() if k not in ("shots", "identity")}, indent=1))
     if a.out:

@@ -194,3 +194,126 @@ def test_open_run_gives_the_same_recoveries_as_the_live_store(tmp_path):
     live = RunHistory(store).recoveries()
     store.close()
     assert open_run(tmp_path).recoveries() == live and live[0].survivor_commits_while_down == 4
+
+
+# The seed-cluster extrapolation (monarch_nb/ft/costmodel.py): what it takes from the fit of the
+# failures measured here, and what it assumes.
+
+from dataclasses import replace  # noqa: E402
+import importlib.util  # noqa: E402
+import json  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+from monarch_nb.ft.costmodel import SEED_CLUSTERS, Cluster, extrapolate, fit  # noqa: E402
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def measured_fit():
+    return fit(json.loads((REPO / "bench/results/scale_model.json").read_text())["failures"])
+
+
+def test_extrapolation_to_the_seed_clusters_keeps_goodput_in_range_and_peer_cheaper():
+    for cluster in SEED_CLUSTERS:
+        x = extrapolate(measured_fit(), cluster)
+        for key in ("goodput_peer", "goodput_peer_spare", "goodput_restart"):
+            assert 0.0 <= x[key] <= 1.0
+        assert x["peer_spare_group_s"] < x["peer_group_s"] < x["restart_group_s"]
+        assert x["goodput_restart"] < x["goodput_peer"] < x["goodput_peer_spare"]
+        assert x["ratio"] == pytest.approx(x["restart_group_s"] / x["peer_group_s"])
+        assert x["goodput_ratio"] == pytest.approx(x["goodput_peer"] / x["goodput_restart"])
+
+
+def test_every_input_of_the_extrapolation_is_named_with_its_source():
+    x = extrapolate(measured_fit(), SEED_CLUSTERS[0])
+    inputs = x["assumptions"]
+    assert {"step_s", "heal_GBps", "restart_s", "fault_every_s", "checkpoint_read_GBps", "save_stall_s"} <= set(inputs)
+    measured = {k for k, v in inputs.items() if v["source"].startswith("measured here (fit)")}
+    assert measured == {"back_fixed_s", "restart_fixed_s", "stall_fixed_s", "stall_steps_per_step"}
+    assert all(v["source"].startswith(("measured here", "assumed: ")) for v in inputs.values())
+    assert all(isinstance(text, str) and text for text in x["model"].values())
+
+
+def test_the_fit_decides_the_outcome():
+    # Fails if the extrapolation ignored the fit: each measured coefficient moves the cost it is part of.
+    base = measured_fit()
+    cluster = SEED_CLUSTERS[0]
+    r = cluster.groups
+    x = extrapolate(base, cluster)
+    slower_back = extrapolate(replace(base, back_s=(base.back_s[0] + 10.0, base.back_s[1])), cluster)
+    assert slower_back["peer_group_s"] == pytest.approx(x["peer_group_s"] + 10.0)
+    assert slower_back["restart_group_s"] == pytest.approx(x["restart_group_s"])
+    slower_restart = extrapolate(replace(base, restart_s=(base.restart_s[0] + 5.0, base.restart_s[1])), cluster)
+    assert slower_restart["restart_group_s"] == pytest.approx(x["restart_group_s"] + 5.0 * r)
+    a, b = base.stall_vs_step
+    more_steps = extrapolate(replace(base, stall_vs_step=(a, b + 1.0)), cluster)
+    assert more_steps["peer_group_s"] == pytest.approx(x["peer_group_s"] + (r - 1) * cluster.step_s)
+    assert more_steps["goodput_peer"] < x["goodput_peer"]
+
+
+def test_the_assumed_inputs_move_the_outcome_as_named():
+    base, c = measured_fit(), SEED_CLUSTERS[0]
+    x = extrapolate(base, c)
+    faster_net = extrapolate(base, replace(c, heal_GBps=c.heal_GBps * 2))
+    assert faster_net["peer_group_s"] == pytest.approx(x["peer_group_s"] - c.state_gb / c.heal_GBps / 2)
+    assert faster_net["restart_group_s"] == x["restart_group_s"]
+    rarer = extrapolate(base, replace(c, fault_every_s=c.fault_every_s * 10))
+    assert rarer["goodput_peer"] > x["goodput_peer"] and rarer["goodput_restart"] > x["goodput_restart"]
+    # restart's goodput pays its save stalls: save_stall_s every Young/Daly interval
+    lost = x["restart_group_s"] / (c.groups * c.fault_every_s) + c.save_stall_s / c.young_daly_interval_s()
+    assert x["goodput_restart"] == pytest.approx(1 - lost)
+
+
+def test_scale_records_replace_the_fits_stall_only_with_a_trend_in_r():
+    base, c = measured_fit(), Cluster("16", groups=16, params_b=8.0)
+    x = extrapolate(base, c)
+
+    def kill(groups, stall_steps, spare=False):
+        return {"groups": groups, "kind": "kill", "spare": spare, "detect_s": 0.9, "stall_steps": stall_steps,
+                "stall_s": stall_steps * 0.1, "back_s": 6.0, "heal_s": 0.3}
+
+    one_r = [kill(4, 3.0), kill(4, 5.0)]
+    assert extrapolate(base, c, one_r)["peer_group_s"] == x["peer_group_s"]  # no trend in R: the fit stays
+    comms = {"groups": 8, "kind": "comms", "stall_steps": 99.0}
+    at_16 = [kill(4, 2.0), kill(16, 3.0), kill(16, 5.0, spare=True), comms]
+    y = extrapolate(base, c, at_16)
+    assert y["assumptions"]["stall_steps"]["value"] == 4.0  # the median of the kills at R=16
+    assert "stall_fixed_s" not in y["assumptions"] and "--scale" in y["assumptions"]["stall_steps"]["source"]
+    assert y["derived"]["survivor_stall_s"] == pytest.approx(4.0 * c.step_s)
+    assert y["peer_group_s"] == pytest.approx(x["peer_group_s"] + (c.groups - 1) * (8.0 - x["derived"]["survivor_stall_s"]))
+    # an R not measured: a straight line in R through the medians (2 at R=4, 3 at R=8: 5 at R=16)
+    z = extrapolate(base, c, [kill(4, 2.0), kill(8, 3.0)])
+    assert z["assumptions"]["stall_steps"]["value"] == pytest.approx(5.0)
+    assert "straight line in R" in z["assumptions"]["stall_steps"]["source"]
+
+
+def _load(name):
+    spec = importlib.util.spec_from_file_location(name, REPO / "bench" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_soak_reread_recomputes_the_logs_figures_and_keeps_the_live_ones(tmp_path):
+    soak = _load("soak")
+    run_dir = tmp_path / "soak-run"
+    store = EventStore(run_dir / "events.jsonl")
+    evs = ([RunStarted(t=T, run_id="r", config={"replicas": 3})] + steps([0, 1, 2], T + 1, T + 9)
+           + recovery(1, at=T + 10) + recovery(2, at=T + 20, build=5.0)
+           + [ReplicasIdentical(t=T + 30, step=60, identical=True, hashes={})])
+    for e in sorted(evs, key=lambda e: e.t):
+        store.append(e)
+    store.close()
+    out = tmp_path / "soak.json"
+    out.write_text(json.dumps({"faults_sent": 2, "goodput_ratio": 0.9, "recoveries": 7, "median_total_s": 99.0,
+                               "shots": [{"n": 0}]}))
+    assert soak.main(["--reread", str(run_dir), "--out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert (report["recoveries"], report["recovered"], report["gave_up"]) == (2, 2, 0)
+    # totals 3.5 s and 6.5 s: the median of two is the upper one, as the live soak counts it
+    assert report["median_total_s"] == pytest.approx(6.5) and report["max_total_s"] == pytest.approx(6.5)
+    assert report["survived_without_intervention"] is False  # the log does not end with run_stopped
+    assert report["identity"] == [[60, True]] and report["events_by_kind"]["rejoined"] == 2
+    assert report["event_log_bytes"] == (run_dir / "events.jsonl").stat().st_size
+    assert (report["faults_sent"], report["goodput_ratio"], report["shots"]) == (2, 0.9, [{"n": 0}])
+    assert "--reread" in report["note"] and report["run_dir"] == str(run_dir)

@@ -1,0 +1,133 @@
+"""README.md's generated blocks, from the JSON the benchmarks write; a hand edit fails --check.
+
+A block sits between ``<!-- NAME: ... -->`` and ``<!-- /NAME -->`` in README.md; this script
+writes what goes between them. Blocks:
+
+  seed_clusters   the seed's clusters, from bench/results/seed_clusters.json
+                  (bench/seed_clusters.py writes it from bench/bench_scale_model.py's failures)
+
+Usage: python bench/readme_tables.py            print the blocks
+       python bench/readme_tables.py --check    exit 1, with a diff, if README.md differs
+       python bench/readme_tables.py --write    rewrite the blocks in README.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import json
+import re
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _wrap(text: str) -> str:
+    return textwrap.fill(text, width=98, break_long_words=False, break_on_hyphens=False)
+
+
+def _g(x: float) -> str:
+    return f"{x:g}"
+
+
+def seed_table(result: dict[str, Any]) -> str:
+    """The seed-cluster table: one row per cluster of bench/seed_clusters.py's output."""
+    clusters = result["clusters"]
+    first = clusters[0]["assumptions"]
+    rows = ["| cluster | peer, group-s per failure | peer + warm spare | restart | restart / peer "
+            "| goodput peer | goodput restart |", "|---|---|---|---|---|---|---|"]
+    labels = {"heal_GBps": "heal {} GB/s", "step_s": "step {} s", "restart_s": "restart {} s",
+              "checkpoint_read_GBps": "read {} GB/s", "save_stall_s": "save stall {} s"}
+    for c in clusters:
+        a = c["assumptions"]
+        differs = [fmt.format(_g(a[k]["value"])) for k, fmt in labels.items() if a[k]["value"] != first[k]["value"]]
+        name = c["cluster"].replace(", Llama 3 8B", "") + (f" ({', '.join(differs)})" if differs else "")
+        rows.append(f"| {name} | {c['peer_group_s']:.0f} | {c['peer_spare_group_s']:.0f} | {c['restart_group_s']:.0f} "
+                    f"| {c['ratio']:.1f}x | {c['goodput_peer']:.3f} | {c['goodput_restart']:.3f} "
+                    f"(**{c['goodput_ratio']:.1f}x**) |")
+    return "\n".join(rows)
+
+
+def seed_block(result: dict[str, Any]) -> str:
+    """The README's seed-cluster paragraph: what was measured, what was assumed, the table."""
+    c0 = result["clusters"][0]
+    a = {k: v["value"] for k, v in c0["assumptions"].items()}
+    d = c0["derived"]
+    if "stall_steps" in a:
+        stall = (f"a survivor's stall of {a['stall_steps']:.2f} steps at R={a['groups']} "
+                 f"(bench_scale.py, `{result['scale']['from']}`)")
+    else:
+        stall = (f"a survivor's stall of {a['stall_fixed_s']:.2f} s + {a['stall_steps_per_step']:.2f} steps "
+                 "(its fit against the step time: a quorum change and the steps it loses)")
+    return "\n".join([
+        _wrap("Extrapolated to the seed's clusters by `bench/seed_clusters.py` (`costmodel.extrapolate`; "
+        "`bench/results/seed_clusters.json` names every input with its value and source, and this "
+        "paragraph and table are written from it by `bench/readme_tables.py`). Measured here (the fit "
+        f"of `{result['from']}`): the victim's time out at zero state {a['back_fixed_s']:.1f} s and one "
+        f"group's restart at zero state {a['restart_fixed_s']:.1f} s (detect, teardown, acquire, process "
+        f"start, quorum, rejoin), {stall}. Assumed: Llama 3 8B at {_g(a['bytes_per_param'])} bytes per "
+        f"parameter = {d['state_gb']:.0f} GB of state per group, one group per node of 8 GPUs, a fault "
+        f"every {_g(a['fault_every_s'])} s, step {_g(a['step_s'])} s, heal at {_g(a['heal_GBps'])} GB/s node "
+        f"to node, a group's restart and build at 8B {_g(a['restart_s'])} s on top of the fixed part "
+        f"(Monarch's reported ~90 s on 240 H100), checkpoint read at {_g(a['checkpoint_read_GBps'])} GB/s "
+        f"per group, save stall {_g(a['save_stall_s'])} s, Young/Daly interval "
+        f"{d['young_daly_interval_s']:.0f} s. The fit's per-GB slopes are not used: they measure this "
+        "CPU's model build, loopback heal and step; at the cluster, state moves at the assumed rates."),
+        "",
+        seed_table(result),
+        "",
+        _wrap("The restart cost is R times a per-group cost, so it grows linearly with the cluster; peer "
+        "recovery's grows only by a survivor stall per group. Goodput restart includes its save stalls "
+        f"({_g(a['save_stall_s'])} s every {d['young_daly_interval_s']:.0f} s); the last column's ratio "
+        "is goodput peer / goodput restart."),
+    ])
+
+
+def blocks() -> dict[str, str]:
+    seed = json.loads((REPO / "bench/results/seed_clusters.json").read_text())
+    return {"seed_clusters": seed_block(seed)}
+
+
+def _pattern(name: str) -> re.Pattern[str]:
+    return re.compile(rf"(<!-- {name}:[^\n]*-->\n)(.*?)(\n<!-- /{name} -->)", re.S)
+
+
+def replace(readme: str, generated: dict[str, str]) -> str:
+    for name, text in generated.items():
+        pattern = _pattern(name)
+        if not pattern.search(readme):
+            raise SystemExit(f"README.md has no <!-- {name}: ... --> ... <!-- /{name} --> block")
+        readme = pattern.sub(lambda m, t=text: m.group(1) + t + m.group(3), readme)
+    return readme
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--readme", default=str(REPO / "README.md"))
+    group = p.add_mutually_exclusive_group()
+    group.add_argument("--check", action="store_true")
+    group.add_argument("--write", action="store_true")
+    a = p.parse_args(argv)
+    generated = blocks()
+    if not (a.check or a.write):
+        print("\n\n".join(generated.values()))
+        return 0
+    readme_path = Path(a.readme)
+    readme = readme_path.read_text()
+    wanted = replace(readme, generated)
+    if a.write:
+        readme_path.write_text(wanted)
+        return 0
+    if wanted != readme:
+        sys.stdout.writelines(difflib.unified_diff(readme.splitlines(True), wanted.splitlines(True),
+                                                   "README.md", "README.md as bench/readme_tables.py writes it"))
+        print("\nREADME.md differs from its generated blocks: run python bench/readme_tables.py --write")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

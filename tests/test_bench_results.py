@@ -1,0 +1,51 @@
+"""The README's generated figures and the JSON they come from are what the scripts write: a hand
+edit of either fails here. Pure Python, no run."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _load(name):
+    spec = importlib.util.spec_from_file_location(name, REPO / "bench" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_readme_blocks_are_what_readme_tables_writes(capsys):
+    rc = _load("readme_tables").main(["--check", "--readme", str(REPO / "README.md")])
+    assert rc == 0, capsys.readouterr().out
+
+
+def test_readme_check_fails_on_a_hand_edit(tmp_path, capsys):
+    readme = (REPO / "README.md").read_text()
+    edited = tmp_path / "README.md"
+    edited.write_text(readme.replace("| 16 nodes x 8 MI300, fault / 180 s | ", "| 16 nodes x 8 MI300, fault / 180 s | 1", 1))
+    assert edited.read_text() != readme
+    assert _load("readme_tables").main(["--check", "--readme", str(edited)]) == 1
+    assert "bench/readme_tables.py --write" in capsys.readouterr().out
+
+
+def test_seed_clusters_json_is_what_seed_clusters_py_computes_from_the_measured_failures():
+    committed = json.loads((REPO / "bench/results/seed_clusters.json").read_text())
+    failures = json.loads((REPO / committed["from"]).read_text())["failures"]
+    again = _load("seed_clusters").seed_clusters(failures, source=committed["from"])
+    assert json.loads(json.dumps(again)) == committed
+
+
+def test_scale_model_json_clusters_come_from_the_same_code():
+    committed = json.loads((REPO / "bench/results/scale_model.json").read_text())
+    seed = json.loads((REPO / "bench/results/seed_clusters.json").read_text())
+    assert committed["clusters"] == seed["clusters"] and committed["fit"] == seed["fit"]
+
+
+def test_every_field_of_the_soak_json_is_one_soak_py_writes():
+    written = set(re.findall(r'"(\w+)"(?::|\] =)', (REPO / "bench/soak.py").read_text()))
+    fields = set(json.loads((REPO / "bench/results/soak.json").read_text()))
+    assert fields <= written, f"not written by bench/soak.py: {sorted(fields - written)}"
