@@ -1,0 +1,337 @@
+"""The control plane from 2 to 32 replica groups: what a failure costs, and what the controller
+and the dashboard cost while training, against the number of groups R, in one invocation.
+
+For each R in --groups, one peer-recovery run (torchtitan's Llama 3 ``tiny`` flavour, one
+process per group, one warm spare) with a dashboard attached in this process:
+
+* start: ``FTRun.start()`` until every group trains (groups start in parallel); RSS and PSS
+  of each worker, and each worker's CPU-seconds to get there;
+* a quiet training window: median step, the controller's CPU (this process minus the
+  dashboard's threads) and the Lighthouse's, as a fraction of one core, events/s, the
+  dashboard's CPU, and the CPU-seconds one step costs one group;
+* faults, one at a time, each waited out: ``kill`` while a spare is ready, ``comms`` at once
+  after (the spare is still being rebuilt: fresh processes), then (not with --quick) after the
+  spare is ready again ``comms`` with it and ``kill`` without. Whether a spare served is read
+  from the recovery's ``acquired`` event, not assumed. Per recovery: detection, the survivors'
+  longest stall (seconds and median steps), the victim back (fault -> first committed step),
+  the heal; and its cost in CPU-seconds: every worker's and the controller's CPU over the
+  recovery, per group, beside the box's busy fraction (on this 2-core box all R groups and
+  the controller share two cores, so wall seconds grow with R for reasons a cluster with a
+  node per group would not have; CPU-seconds per group do not).
+
+and for R <= --restart-max, the same failure with ``recovery="restart"`` (every group restarts
+from the last durable checkpoint; ``back_s`` is the time until every group committed again).
+
+Writes ``{"records": [...], "runs": [...], "parallel_on_a_cluster": {...}, ...}`` and one PNG
+per figure against R beside the JSON.
+
+Usage: python bench/bench_scale.py --groups 2,4,8,16,32 --out bench/results/scale.json [--quick]
+       [--job slurm]   (the cluster needs R + 1 one-CPU slots: MONARCH_NB_SLURM_CPUS, see README)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import monarch_nb  # noqa: E402,F401  (first: Monarch's supervision settings)
+from monarch_nb.ft import FTRun, RunConfig  # noqa: E402
+
+TICK = os.sysconf("SC_CLK_TCK")
+
+# What a cluster with one node per group does in parallel, and what it does not (the note in
+# the JSON); on this box every item below shares the same two cores.
+PARALLEL_ON_A_CLUSTER = {
+    "start": "each group's process start, imports and model build run on its own node; only the "
+             "controller's calls (ms each) and the Lighthouse's first quorum are shared",
+    "step": "each group's forward/backward on its own node; the cross-group allreduce and the "
+            "Lighthouse quorum are the shared parts",
+    "recovery": "the victim's respawn, build and heal run on its node (and the donor's); survivors "
+                "only wait for the quorum without the victim (heartbeat timeout) and for the heal "
+                "to be served by one of them",
+    "controller": "one process for every R: its per-group polls are the part that grows with R",
+}
+
+
+@dataclass
+class Record:
+    """One failure at one R (the JSON's ``records``; field names as the issue asks)."""
+
+    groups: int
+    kind: str
+    spare: bool
+    mode: str  # "peer" or "restart"
+    detect_s: float | None
+    stall_steps: float | None
+    stall_s: float | None
+    back_s: float | None
+    heal_s: float | None
+    controller_cpu: float  # while training, fraction of one core (the run's window)
+    dashboard_cpu: float
+    rss_mb_per_group: float
+    pss_mb_per_group: float
+    start_s: float
+    step_s: float
+    cpu_s_per_group: float | None  # every worker's + the controller's CPU over the recovery / R
+    victim_cpu_s: float | None  # the victim's new process: CPU-seconds from its start to its rejoin
+    box_busy: float | None  # fraction of the box's CPUs busy during the recovery
+    acquired_how: str | None
+    heal_MB: float | None
+
+
+# ---- /proc readings -----------------------------------------------------------------------
+
+
+def cpu_s(pid: int) -> float | None:
+    """User + system CPU-seconds of a live process (None once it is gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / TICK
+
+
+def memory_mb(pid: int) -> tuple[float, float]:
+    """(RSS, PSS) in MB: PSS splits the shared libraries' pages between the processes mapping them."""
+    out = {"Rss": 0.0, "Pss": 0.0}
+    try:
+        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+            key = line.split(":")[0]
+            if key in out:
+                out[key] = int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return out["Rss"], out["Pss"]
+
+
+def box_ticks() -> tuple[int, int]:
+    """(busy, total) jiffies of the whole machine."""
+    v = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    idle = v[3] + v[4]
+    return sum(v) - idle, sum(v)
+
+
+def worker_pids(run: FTRun) -> dict[int, list[int]]:
+    return {g.index: list(g.pids) for g in run.groups}
+
+
+def total_cpu(pids: list[int]) -> float:
+    return sum(c for c in (cpu_s(p) for p in pids) if c is not None)
+
+
+# ---- one run ------------------------------------------------------------------------------
+
+
+def start_run(replicas: int, mode: str, job: str, spares: int) -> tuple[FTRun, float]:
+    cfg = RunConfig(replicas=replicas, model="tiny", job=job, spares=spares, recovery=mode,
+                    checkpoint_every=10 if mode == "restart" else None, init_timeout_s=900,
+                    run_name=f"scale-{mode}-r{replicas}-{time.strftime('%H%M%S')}")
+    run = FTRun(cfg)
+    t0 = time.monotonic()
+    run.start(timeout=900)
+    return run, time.monotonic() - t0
+
+
+def training_window(run: FTRun, dash: Any, seconds: float) -> dict[str, float]:
+    """Controller, Lighthouse and dashboard CPU, events/s and the step while nothing fails."""
+    pids = [p for ps in worker_pids(run).values() for p in ps]
+    lh = run.lighthouse.pid if run.lighthouse else None
+    w0, l0 = total_cpu(pids), cpu_s(lh) if lh else 0.0
+    d0 = dash.stats.flusher_cpu_s + dash.stats.observer_cpu_s
+    c0, n0, t0, wall0 = time.process_time(), len(run.events), time.time(), time.monotonic()
+    time.sleep(seconds)  # the measured window itself: nothing to wait for, the run trains on
+    wall = time.monotonic() - wall0
+    dash_cpu = dash.stats.flusher_cpu_s + dash.stats.observer_cpu_s - d0
+    steps = [e for e in run.history().steps(0) if e.t >= t0]
+    gaps = [b.t - a.t for a, b in zip(steps, steps[1:])]
+    step_s = statistics.median(gaps) if gaps else float("nan")
+    worker_cpu = total_cpu(pids) - w0
+    return {"controller_cpu": (time.process_time() - c0 - dash_cpu) / wall, "dashboard_cpu": dash_cpu / wall,
+            "lighthouse_cpu": ((cpu_s(lh) or 0.0) - (l0 or 0.0)) / wall if lh else None,
+            "events_per_s": (len(run.events) - n0) / wall, "step_s": step_s,
+            "steps_in_window": len(steps),
+            "step_cpu_s_per_group": worker_cpu / len(pids) / len(steps) if steps else None}
+
+
+def wait_spare_ready(run: FTRun, timeout: float = 600.0) -> bool:
+    pool = run.supervisor.spares if run.supervisor else None
+    if pool is None:
+        return False
+    run.wait_for(lambda e: e.kind == "spare_state" and e.state == "ready" and pool.ready() > 0, timeout=timeout,
+                 what="a ready warm spare")
+    return True
+
+
+def one_failure(run: FTRun, kind: str, victim: int, mode: str) -> tuple[Any, dict[str, float | None]]:
+    """Inject ``kind`` into ``victim`` and wait out the recovery; returns it and its CPU cost."""
+    pids = worker_pids(run)
+    before = {p: cpu_s(p) for ps in pids.values() for p in ps}
+    c0, b0 = time.process_time(), box_ticks()
+    since = time.time()
+    run.inject(kind, replica=victim)
+    if mode == "peer":
+        run.wait_for(lambda e: e.kind == "rejoined" and e.replica == victim, timeout=600, since=since)
+    else:
+        run.wait_for(lambda e: e.kind == "restarted_from_checkpoint", timeout=900, since=since)
+        for r in range(len(list(run.groups))):
+            run.wait_for(lambda e, r=r: e.kind == "rejoined" and e.replica == r, timeout=600, since=since)
+    controller = time.process_time() - c0
+    b1 = box_ticks()
+    new = worker_pids(run)
+    workers = 0.0
+    for index, ps in new.items():
+        for p in ps:
+            now = cpu_s(p) or 0.0
+            workers += now - before[p] if before.get(p) is not None else now  # a new process: all its CPU
+    victim_cpu = sum(cpu_s(p) or 0.0 for p in new[victim] if p not in before) or None
+    rec = next(r for r in reversed(run.history().recoveries()) if r.replica == victim and (r.start_t or 0) >= since - 1)
+    # the survivors' figures need commits after the rejoin: wait two more steps of the run
+    run.wait_for_step(max(g.step for g in run.groups) + 2, timeout=600)
+    rec = next(r for r in reversed(run.history().recoveries()) if r.replica == victim and (r.start_t or 0) >= since - 1)
+    cost = {"cpu_s_per_group": (workers + controller) / len(new), "victim_cpu_s": victim_cpu,
+            "box_busy": (b1[0] - b0[0]) / max(1, b1[1] - b0[1])}
+    return rec, cost
+
+
+def measure(replicas: int, mode: str, job: str, quick: bool, window_s: float) -> tuple[list[Record], dict]:
+    from monarch_nb.notebook.dashboard import Dashboard
+
+    spares = 1 if mode == "peer" else 0
+    run, start_s = start_run(replicas, mode, job, spares)
+    dash = Dashboard(run.events, controls=run)
+    records: list[Record] = []
+    try:
+        start_cpu = [cpu_s(p) for ps in worker_pids(run).values() for p in ps]
+        if mode == "restart":
+            run.wait_for(lambda e: e.kind == "checkpoint_saved", timeout=600)
+        else:
+            wait_spare_ready(run)
+            run.wait_for_step(5, timeout=600)
+        mem = [memory_mb(p) for ps in worker_pids(run).values() for p in ps]
+        window = training_window(run, dash, window_s)
+        plan = [("kill", "ready"), ("comms", "now")] if mode == "peer" else [("kill", "now")]
+        if mode == "peer" and not quick:
+            plan += [("comms", "ready"), ("kill", "now")]
+        for n, (kind, when) in enumerate(plan):
+            if when == "ready":
+                wait_spare_ready(run)
+            victim = 1 + n % (replicas - 1)
+            rec, cost = one_failure(run, kind, victim, mode)
+            stall_s = rec.survivor_stall_s if mode == "peer" else rec.total_s
+            records.append(Record(
+                groups=replicas, kind=kind, spare=rec.acquired_how == "spare", mode=mode,
+                detect_s=rec.detection_s, stall_s=stall_s,
+                stall_steps=(rec.survivor_stall_steps if mode == "peer"
+                             else (stall_s / window["step_s"] if stall_s else None)),
+                back_s=rec.total_s, heal_s=rec.heal_s, controller_cpu=window["controller_cpu"],
+                dashboard_cpu=window["dashboard_cpu"],
+                rss_mb_per_group=statistics.mean(m[0] for m in mem), pss_mb_per_group=statistics.mean(m[1] for m in mem),
+                start_s=start_s, step_s=window["step_s"], acquired_how=rec.acquired_how,
+                heal_MB=rec.heal_bytes / 1e6 if rec.heal_bytes else None, **cost))
+            print(f"R={replicas:<3} {mode:<7} {kind:<5} spare={records[-1].spare!s:<5} detect={rec.detection_s}"
+                  f" stall={stall_s} back={rec.total_s} heal={rec.heal_s} cpu/group={cost['cpu_s_per_group']:.2f}",
+                  flush=True)
+        summary = {"groups": replicas, "mode": mode, "start_s": start_s,
+                   "start_cpu_s_per_group": statistics.mean(c for c in start_cpu if c is not None),
+                   "rss_mb_per_group": statistics.mean(m[0] for m in mem),
+                   "pss_mb_per_group": statistics.mean(m[1] for m in mem), **window}
+    finally:
+        dash.close(final_flush=False)
+        run.stop()
+    return records, summary
+
+
+# ---- figures ------------------------------------------------------------------------------
+
+FIGURES = {
+    "recovery": ("seconds", [("detect_s", "detection"), ("stall_s", "survivor stall"), ("back_s", "victim back"),
+                             ("heal_s", "heal")]),
+    "stall_steps": ("median steps", [("stall_steps", "survivor stall")]),
+    "cpu": ("CPU-seconds per group", [("cpu_s_per_group", "recovery, all processes / R"),
+                                      ("victim_cpu_s", "victim's new process")]),
+}
+RUN_FIGURES = {
+    "control_plane": ("fraction of one core", [("controller_cpu", "controller"), ("dashboard_cpu", "dashboard"),
+                                               ("lighthouse_cpu", "Lighthouse")]),
+    "start_step": ("seconds", [("start_s", "start (all groups training)"), ("step_s", "median step")]),
+    "memory": ("MB per group", [("rss_mb_per_group", "RSS"), ("pss_mb_per_group", "PSS")]),
+}
+
+
+def plot(records: list[dict], runs: list[dict], out: Path) -> list[str]:
+    from matplotlib.figure import Figure
+
+    written = []
+    for name, (ylabel, series) in {**FIGURES, **RUN_FIGURES}.items():
+        rows = records if name in FIGURES else runs
+        fig = Figure(figsize=(7, 4), dpi=100)
+        ax = fig.subplots()
+        for key, label in series:
+            for mode, style in (("peer", "o-"), ("restart", "s--")):
+                groups_of = {}
+                for r in rows:
+                    if r["mode"] == mode and r.get(key) is not None:
+                        groups_of.setdefault(r["groups"], []).append(r[key])
+                if groups_of:
+                    xs = sorted(groups_of)
+                    ax.plot(xs, [statistics.median(groups_of[x]) for x in xs], style,
+                            label=f"{label} ({mode})" if name in FIGURES or mode == "restart" else label)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("replica groups R")
+        ax.set_ylabel(ylabel)
+        ax.set_title(f"{name.replace('_', ' ')} against R (2-core box)", fontsize=10)
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        path = out.with_name(f"{out.stem}-{name}.png")
+        fig.savefig(path)
+        written.append(str(path))
+    return written
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--groups", default="2,4,8,16,32")
+    p.add_argument("--restart-max", type=int, default=16, help="restart mode for R up to this")
+    p.add_argument("--quick", action="store_true",
+                   help="two faults per R (kill with a spare, comms without), restart mode for R <= 8, 8 s windows")
+    p.add_argument("--window-s", type=float, default=15.0, help="the quiet training window measured at each R")
+    p.add_argument("--job", default="local", choices=("local", "slurm"))
+    p.add_argument("--out", required=True)
+    a = p.parse_args(argv)
+    groups = [int(g) for g in a.groups.split(",")]
+    restart_max = min(a.restart_max, 8) if a.quick else a.restart_max
+    window_s = min(a.window_s, 8.0) if a.quick else a.window_s
+    t0 = time.monotonic()
+    records: list[Record] = []
+    runs: list[dict] = []
+    for replicas in groups:
+        for mode in ("peer", "restart"):
+            if mode == "restart" and replicas > restart_max:
+                continue
+            recs, summary = measure(replicas, mode, a.job, a.quick, window_s)
+            records += recs
+            runs.append(summary)
+            print(json.dumps(summary), flush=True)
+    out = Path(a.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    rows = [asdict(r) for r in records]
+    result = {"command": " ".join([Path(sys.argv[0]).name, *(argv if argv is not None else sys.argv[1:])]),
+              "job": a.job, "model": "tiny", "cpus": os.cpu_count(), "seconds": time.monotonic() - t0,
+              "records": rows, "runs": runs, "parallel_on_a_cluster": PARALLEL_ON_A_CLUSTER}
+    result["figures"] = plot(rows, runs, out)
+    out.write_text(json.dumps(result, indent=1, default=str))
+    print(f"wrote {out} and {len(result['figures'])} PNGs in {result['seconds']:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
