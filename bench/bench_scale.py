@@ -131,7 +131,21 @@ def total_cpu(pids: list[int]) -> float:
 # ---- one run ------------------------------------------------------------------------------
 
 
+def check_slurm_slots(needed: int) -> None:
+    """A clear error before a start that SLURM could not place: R + spares one-CPU allocations."""
+    import subprocess
+
+    out = subprocess.run(["sinfo", "-h", "-o", "%C"], capture_output=True, text=True, timeout=30).stdout.split()
+    idle = int(out[0].split("/")[1]) if out else 0
+    if idle < needed:
+        raise SystemExit(f"--job slurm: the cluster has {idle} idle CPUs, the run needs {needed} one-CPU allocations; "
+                         f"restart it with more CPUs per virtual node: ./run.sh slurm down && "
+                         f"MONARCH_NB_SLURM_CPUS={(needed + 1) // 2} ./run.sh slurm up")
+
+
 def start_run(replicas: int, mode: str, job: str, spares: int) -> tuple[FTRun, float]:
+    if job == "slurm":
+        check_slurm_slots(replicas + spares)
     cfg = RunConfig(replicas=replicas, model="tiny", job=job, spares=spares, recovery=mode,
                     checkpoint_every=10 if mode == "restart" else None, init_timeout_s=900,
                     run_name=f"scale-{mode}-r{replicas}-{time.strftime('%H%M%S')}")
