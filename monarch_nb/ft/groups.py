@@ -126,6 +126,45 @@ class GroupTable:
             group.failure = None
             group.last_answer = now
 
+    # Each field a thread other than the group's supervisor may also write (or read mid-change)
+    # changes here, under the lock; a read-modify-write (a max, an increment) is one step.
+
+    def record_step(self, group: ReplicaGroup, step: int) -> None:
+        """A poll's report of the group's last committed step. Two polls of one group (its
+        supervisor's and a stop's) may land in either order: the step only moves forward here."""
+        with self.lock:
+            group.step = max(group.step, step)
+
+    def rewind_progress(self, step: int) -> None:
+        """The run's progress is ``step`` now (the steps after it were lost: a resume from a
+        checkpoint, a restart from scratch): no group counts as further."""
+        with self.lock:
+            for g in self.groups:
+                g.step = min(g.step, step)
+
+    def touch(self, group: ReplicaGroup, now: float) -> None:
+        """Every rank answered a poll (or the group was just brought back) at monotonic ``now``;
+        the hang detection measures silence from here."""
+        with self.lock:
+            group.last_answer = now
+
+    def failed_again(self, group: ReplicaGroup) -> int:
+        """One more attempt to bring the group back since it last trained; returns how many in a row."""
+        with self.lock:
+            group.in_a_row += 1
+            return group.in_a_row
+
+    def begin_attempt(self, group: ReplicaGroup) -> int:
+        """The group is being brought back once more; returns the attempt's number (over the run)."""
+        with self.lock:
+            group.attempts += 1
+            return group.attempts
+
+    def rejoined(self, group: ReplicaGroup) -> None:
+        """The group trains again: the restart policy's backoff starts over."""
+        with self.lock:
+            group.in_a_row = 0
+
     def live(self) -> list[ReplicaGroup]:
         """Groups a wait for a step can count on: all but the retired and given-up ones
         (finished groups count: they reached the last step)."""

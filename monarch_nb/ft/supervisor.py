@@ -95,7 +95,7 @@ class Supervisor:
         self._lost_lock = threading.Lock()
         self._lost_episode = False  # reset once a group trains again
         self._resume_again_at: float | None = None  # a failed resume is tried again after this
-        self._restart_lock = threading.Lock()
+        self._restart_lock = threading.Lock()  # guards the claim of _restarting (one thread restarts all)
         self._restarting = threading.Event()
         self.spares: SparePool | None = None
         if config.spares:
@@ -228,13 +228,14 @@ class Supervisor:
             else:
                 self._emit(item)
                 if item.kind == "rejoined":
-                    g.in_a_row = 0
-                    self._lost_episode = False
+                    self.groups.rejoined(g)
+                    with self._lost_lock:  # every group's thread reads it (_no_peer_left)
+                        self._lost_episode = False
                     self.set_state(g, TRAINING)
                     if self.config.check_identical:
                         threading.Thread(target=self.request_identity, name="ft-hash-check", daemon=True).start()
         if 0 in result.values:
-            g.step = max(g.step, int(result.values[0].get("step", 0)))
+            self.groups.record_step(g, int(result.values[0].get("step", 0)))
         return result
 
     def request_identity(self) -> int | None:
@@ -347,7 +348,7 @@ class Supervisor:
             # was still the wait's): back to what the events say it is.
             self.set_state(g, HEALING if self.ingest.awaiting_rejoin(g.index) else TRAINING)
         if not result.missing:
-            g.last_answer = now
+            self.groups.touch(g, now)
             if all(v.get("state") == "finished" for v in result.values.values()):
                 self.set_state(g, FINISHED)
         elif now - g.last_answer > self.config.hang_timeout_s:
@@ -438,11 +439,9 @@ class Supervisor:
             with self._lost_lock:
                 self._resume_again_at = time.monotonic() + RESUME_RETRY_S
             return
-        with self.groups.lock:
-            # The run's progress is the checkpoint's step now (the steps after it were lost):
-            # groups respawned from here on may train from it, not wait for a step nobody holds.
-            for g in self.groups:
-                g.step = min(g.step, checkpoint.step)
+        # The run's progress is the checkpoint's step now (the steps after it were lost):
+        # groups respawned from here on may train from it, not wait for a step nobody holds.
+        self.groups.rewind_progress(checkpoint.step)
         self._emit(Resumed(step=checkpoint.step, checkpoint=str(checkpoint.path), reason="all groups lost"))
 
     def restart_from_scratch(self) -> list[int]:
@@ -459,9 +458,7 @@ class Supervisor:
                                + ", ".join(f"replica{g.index}={g.state}" for g in self.groups) + ")")
         for g in waiting:
             self.call(g, "forget_progress", timeout=30.0)
-        with self.groups.lock:
-            for g in self.groups:  # a group respawned from here on trains from the start as well
-                g.step = 0
+        self.groups.rewind_progress(0)  # a group respawned from here on trains from the start as well
         return [g.index for g in waiting]
 
     # ---- restart mode (the traditional way) ----------------------------------------------
@@ -470,10 +467,11 @@ class Supervisor:
         """recovery="restart": a failure stops every group and all restart from the newest
         durable checkpoint (from the start when there is none). One thread does it; failures
         the restart itself causes in the other groups are not recoveries of their own."""
-        if not self._restart_lock.acquire(blocking=False):
-            return
-        try:
+        with self._restart_lock:  # claim the restart; held for the claim only, never across the calls below
+            if self._restarting.is_set():
+                return
             self._restarting.set()
+        try:
             fired = self._fired_time(g.index)
             self._emit(FailureDetected(t=failure.t, replica=g.index, rank=failure.rank, reason=failure.reason,
                                        detection_s=(failure.t - fired) if fired else None, source=failure.source,
@@ -488,7 +486,7 @@ class Supervisor:
             checkpoint = latest_complete(self.checkpoint_dir) if self.checkpoint_dir else None
             start = time.time()
             for h in groups:
-                h.attempts += 1
+                self.groups.begin_attempt(h)
                 self.set_state(h, RESPAWNING, f"restart from {'step ' + str(checkpoint.step) if checkpoint else 'scratch'}")
             acquired_s = self.spawn_all(groups)[g.index]
             self._emit(Acquired(t=start + acquired_s, replica=g.index, how="spawn", seconds=acquired_s))
@@ -498,7 +496,7 @@ class Supervisor:
                 self.ingest.expect_rejoin(h.index, (fired or failure.t) if h is g else time.time())
                 self.start_training(h, resume_from=str(checkpoint.path) if checkpoint else None)
                 self.set_state(h, HEALING, "loading the checkpoint" if checkpoint else "from scratch")
-                h.last_answer = time.monotonic()
+                self.groups.touch(h, time.monotonic())
             self._emit(Respawned(replica=g.index, attempt=g.attempts, seconds=time.time() - start))
             self._emit(RestartedFromCheckpoint(step=checkpoint.step if checkpoint else 0,
                                                checkpoint=str(checkpoint.path) if checkpoint else None,
@@ -506,7 +504,6 @@ class Supervisor:
                                                seconds=time.time() - start))
         finally:
             self._restarting.clear()
-            self._restart_lock.release()
 
     def recover(self, g: ReplicaGroup, failure: Failure) -> None:
         if self.config.recovery == "restart":
@@ -522,20 +519,19 @@ class Supervisor:
         policy = self.config.restart
         while not self.stopping.is_set() and not getattr(self.session, "_closed", False):
             self.teardown(g)
-            attempt = g.attempts + 1
             if not policy.allows(g.in_a_row + 1):
                 self._emit(GaveUp(replica=g.index, attempts=g.in_a_row))
                 self.set_state(g, GAVE_UP, f"after {g.in_a_row} attempts in a row")
                 return
             if self._finish_if_run_is_over(g):
                 return
-            g.in_a_row += 1  # reset when the group rejoins: a cause that persists backs off
-            delay = policy.wait_before(g.in_a_row)
+            in_a_row = self.groups.failed_again(g)  # reset when the group rejoins: a cause that persists backs off
+            delay = policy.wait_before(in_a_row)
             if delay:
-                self.set_state(g, FAILED, f"attempt {attempt} in {delay:g} s (attempt {g.in_a_row} in a row)")
+                self.set_state(g, FAILED, f"attempt {g.attempts + 1} in {delay:g} s (attempt {in_a_row} in a row)")
                 if self.stopping.wait(delay):
                     return
-            g.attempts = attempt
+            attempt = self.groups.begin_attempt(g)
             self.set_state(g, RESPAWNING, f"attempt {attempt}")
             t0 = time.time()
             try:
@@ -551,7 +547,7 @@ class Supervisor:
                 continue
             self._emit(Respawned(replica=g.index, attempt=attempt, seconds=time.time() - t0))
             self.set_state(g, HEALING)
-            g.last_answer = time.monotonic()
+            self.groups.touch(g, time.monotonic())
             return
 
     def acquire(self, g: ReplicaGroup, t0: float) -> None:
@@ -578,7 +574,7 @@ class Supervisor:
         self.ingest.expect_rejoin(g.index, time.time())
         self.start_training(g, min_step=self.progress())
         self.set_state(g, HEALING)
-        g.last_answer = time.monotonic()
+        self.groups.touch(g, time.monotonic())
         self.watch([g])
 
     def retire(self, g: ReplicaGroup, timeout: float = 30.0) -> None:
