@@ -159,7 +159,8 @@ def training_window(run: FTRun, dash: Any, seconds: float) -> dict[str, float]:
     """Controller, Lighthouse and dashboard CPU, events/s and the step while nothing fails."""
     pids = [p for ps in worker_pids(run).values() for p in ps]
     lh = run.lighthouse.pid if run.lighthouse else None
-    w0, l0 = total_cpu(pids), cpu_s(lh) if lh else 0.0
+    reaper = getattr(getattr(getattr(run._session, "_reaper", None), "_proc", None), "pid", None)
+    w0, l0, r0 = total_cpu(pids), cpu_s(lh) if lh else 0.0, (cpu_s(reaper) or 0.0) if reaper else 0.0
     d0 = dash.stats.flusher_cpu_s + dash.stats.observer_cpu_s
     c0, n0, t0, wall0 = time.process_time(), len(run.events), time.time(), time.monotonic()
     time.sleep(seconds)  # the measured window itself: nothing to wait for, the run trains on
@@ -171,6 +172,7 @@ def training_window(run: FTRun, dash: Any, seconds: float) -> dict[str, float]:
     worker_cpu = total_cpu(pids) - w0
     return {"controller_cpu": (time.process_time() - c0 - dash_cpu) / wall, "dashboard_cpu": dash_cpu / wall,
             "lighthouse_cpu": ((cpu_s(lh) or 0.0) - (l0 or 0.0)) / wall if lh else None,
+            "reaper_cpu": ((cpu_s(reaper) or 0.0) - r0) / wall if reaper else None,
             "events_per_s": (len(run.events) - n0) / wall, "step_s": step_s,
             "steps_in_window": len(steps),
             "step_cpu_s_per_group": worker_cpu / len(pids) / len(steps) if steps else None}
@@ -275,7 +277,7 @@ FIGURES = {
 }
 RUN_FIGURES = {
     "control_plane": ("fraction of one core", [("controller_cpu", "controller"), ("dashboard_cpu", "dashboard"),
-                                               ("lighthouse_cpu", "Lighthouse")]),
+                                               ("lighthouse_cpu", "Lighthouse"), ("reaper_cpu", "orphan reaper")]),
     "start_step": ("seconds", [("start_s", "start (all groups training)"), ("step_s", "median step")]),
     "memory": ("MB per group", [("rss_mb_per_group", "RSS"), ("pss_mb_per_group", "PSS")]),
 }

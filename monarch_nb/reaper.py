@@ -20,7 +20,8 @@ import time
 
 import psutil
 
-POLL_S = 0.25
+POLL_S = 0.25  # how soon the controller's death is noticed
+RESCAN_S = 2.0  # how often the guarded processes' descendants are looked for
 
 
 class Reaper:
@@ -59,40 +60,74 @@ class Reaper:
             pass
 
 
-def _read(pidfile: str) -> tuple[set[int], list[list[str]]]:
-    pids: set[int] = set()
-    commands: list[list[str]] = []
-    try:
-        with open(pidfile) as f:
-            for line in f:
-                try:
-                    item = json.loads(line)
-                except json.JSONDecodeError:
-                    continue  # a line being written: read it next round
-                if "pid" in item:
-                    pids.add(int(item["pid"]))
-                elif "run" in item and item["run"] not in commands:
-                    commands.append([str(a) for a in item["run"]])
-    except OSError:
-        pass
-    return pids, commands
+class GuardFile:
+    """The controller's guard file, read incrementally: each round parses only the lines appended
+    since the last (the file grows by a line per process started, over a run of days)."""
+
+    def __init__(self, path: str) -> None:
+        self.path, self.offset = path, 0
+        self.pids: set[int] = set()
+        self.commands: list[list[str]] = []
+
+    def read_new(self) -> set[int]:
+        """Parse what was appended; returns the pids new in it."""
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self.offset)
+                data = f.read()
+        except OSError:
+            return set()
+        end = data.rfind(b"\n") + 1  # a line being written is read next round, whole
+        self.offset += end
+        new: set[int] = set()
+        for line in data[:end].decode(errors="replace").splitlines():
+            try:
+                item = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if "pid" in item and int(item["pid"]) not in self.pids:
+                new.add(int(item["pid"]))
+            elif "run" in item and item["run"] not in self.commands:
+                self.commands.append([str(a) for a in item["run"]])
+        self.pids |= new
+        return new
+
+
+def _descendants(roots: set[int]) -> dict[int, float]:
+    """pid -> create_time of every live root and its descendants, from ONE scan of the process
+    table (psutil's ``children(recursive=True)`` scans it once per root: R scans for R groups)."""
+    children: dict[int, list[int]] = {}
+    created: dict[int, float] = {}
+    for p in psutil.process_iter(["ppid", "create_time"]):
+        children.setdefault(p.info["ppid"], []).append(p.pid)
+        created[p.pid] = p.info["create_time"]
+    out: dict[int, float] = {}
+    stack = [r for r in roots if r in created]
+    while stack:
+        pid = stack.pop()
+        if pid not in out:
+            out[pid] = created[pid]
+            stack.extend(children.get(pid, ()))
+    return out
 
 
 def watch(parent: int, pidfile: str) -> None:
     tracked: dict[int, float] = {}  # pid -> create_time, so a recycled pid is never killed
-    commands: list[list[str]] = []
+    guard = GuardFile(pidfile)
+    rescan_at = 0.0
     while True:
-        roots, commands = _read(pidfile)
-        for root in roots:
-            try:
-                proc = psutil.Process(root)
-                for p in [proc, *proc.children(recursive=True)]:
-                    tracked.setdefault(p.pid, p.create_time())
-            except psutil.NoSuchProcess:
-                continue
+        if guard.read_new() or time.monotonic() >= rescan_at:
+            # Descendants (a worker's own children) are looked for every RESCAN_S, and at once
+            # when new roots come; dead roots drop out, so a long run's scan stays its size.
+            for pid, created in _descendants(guard.pids).items():
+                tracked.setdefault(pid, created)
+            guard.pids = {p for p in guard.pids if psutil.pid_exists(p)}
+            tracked = {p: c for p, c in tracked.items() if psutil.pid_exists(p)}
+            rescan_at = time.monotonic() + RESCAN_S
         if not psutil.pid_exists(parent) or psutil.Process(parent).status() == psutil.STATUS_ZOMBIE:
             break
         time.sleep(POLL_S)
+    commands = guard.commands
     for pid, created in tracked.items():
         try:
             proc = psutil.Process(pid)

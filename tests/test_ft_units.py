@@ -487,3 +487,18 @@ def test_an_identity_check_moves_ahead_when_fast_steps_outran_the_controllers_vi
     assert [(e.step, e.identical) for e in emitted] == [(target, True)]
     # a group that cannot be asked (None) is left out; one that can never be armed gives up
     assert IdentityChecks(1, emitted.append).request([(0, 1), (1, 1)], lambda r, s: False) is None
+
+
+@pytest.mark.parametrize("groups, expected", [(2, 0.25), (8, 0.25), (16, 0.5), (32, 1.0)])
+def test_groups_are_polled_less_often_past_eight_so_the_controllers_polls_stay_flat(groups, expected):
+    from monarch_nb.ft.groups import GroupTable
+    from monarch_nb.ft.supervisor import POLLS_PER_S, Supervisor
+
+    table = GroupTable(groups)
+    sup = Supervisor(RunConfig(replicas=groups), None, table, None, None, None, [].append, lambda replica: None,
+                     lambda group, port: (), lambda: "")
+    assert sup.poll_interval() == pytest.approx(expected)
+    assert groups / sup.poll_interval() <= max(POLLS_PER_S, groups / 0.25)
+    hasty = Supervisor(RunConfig(replicas=groups, hang_timeout_s=2.0), None, table, None, None, None, [].append,
+                       lambda replica: None, lambda group, port: (), lambda: "")
+    assert hasty.poll_interval() <= 0.5  # a quarter of the hang timeout: a hang is still noticed in time

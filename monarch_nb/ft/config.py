@@ -132,7 +132,10 @@ class RunConfig:
             from the newest durable checkpoint (the baseline bench_goodput.py compares).
 
     Controller (the notebook kernel):
-        poll_interval_s: how often each group's telemetry is drained (default 0.25 s).
+        poll_interval_s: how often each group's telemetry is drained (default 0.25 s). With
+            more than 8 groups each is polled less often, so that the controller makes at
+            most 32 polls a second in all (32 groups: one poll per group per second); never
+            less often than a quarter of ``hang_timeout_s``.
         hang_timeout_s: a group that answers nothing for this long is declared hung and
             replaced (default 5 s; must exceed ``poll_interval_s``).
         init_timeout_s: how long building a group's trainers may take (imports, model and

@@ -59,6 +59,7 @@ from .platform import DEVICE_SLOT_ENV
 from .spares import Spare, SparePool
 
 log = logging.getLogger(__name__)
+POLLS_PER_S = 32  # the controller's polls per second in all, once there are enough groups (poll_interval)
 SPAWN_THREADS = 32  # groups brought up at once by spawn_all
 RESUME_RETRY_S = 5.0  # after a failed checkpoint load, the next try (at a poll that finds a group waiting)
 MAX_STACK_CHARS = 8000  # a stack kept with a failure event (its innermost frames are at the top)
@@ -278,9 +279,17 @@ class Supervisor:
             if self.session.events is not self.run_events:
                 self._emit(event)
 
+    def poll_interval(self) -> float:
+        """Seconds between two polls of one group: ``poll_interval_s`` up to POLLS_PER_S / 4
+        groups, then longer in proportion, so the controller's polling (Monarch messages, a
+        few ms of CPU each) stays flat in R instead of growing with it; at most a quarter of
+        the hang timeout, so a hang is still noticed in time."""
+        cfg = self.config
+        return min(max(cfg.poll_interval_s, len(self.groups.active()) / POLLS_PER_S), cfg.hang_timeout_s / 4)
+
     def _watch_group(self, g: ReplicaGroup) -> None:
         while not self.stopping.is_set():
-            g.wake.wait(self.config.poll_interval_s)
+            g.wake.wait(self.poll_interval())
             g.wake.clear()
             if self.stopping.is_set() or getattr(self.session, "_closed", False) or g.state in TERMINAL:
                 return
