@@ -116,8 +116,48 @@ def test_fault_schedule_is_deterministic_for_a_seed_and_only_targets_eligible_gr
 def test_fault_schedule_validates_its_arguments():
     with pytest.raises(ValueError, match="^every"):
         FaultSchedule(every_s=0)
+    with pytest.raises(ValueError, match="^keep: must be an integer >= 1"):
+        FaultSchedule(every_s=1, keep=0)
     with pytest.raises(ValueError, match="^kinds: unknown fault kind"):
         FaultSchedule(every_s=1, kinds=["kill", "flood"])
+
+
+def test_scheduled_waves_never_leave_fewer_than_keep_training_groups(tmp_path):
+    """8 groups, waves of 4, keep 4: a wave that finds its victims still out is skipped, so the
+    training groups swing between 4 and 8 and never lower (the seed's 8 <-> 16 at half size)."""
+    import threading
+    import time
+
+    from monarch_nb.ft.groups import FAILED, TRAINING, GroupTable
+    from monarch_nb.ft.injector import FaultInjector
+
+    groups = GroupTable(8)
+    for g in groups:
+        g.state = TRAINING
+    lowest, sent, lock = [8], [], threading.Lock()
+
+    def arm(fault):  # the victim goes down at once, as a fired fault takes it out
+        with lock:
+            groups[fault.replica].state = FAILED
+            sent.append(fault.replica)
+            lowest[0] = min(lowest[0], len(groups.training()))
+
+    injector = FaultInjector(1, groups, str(tmp_path / "faults.jsonl"), arm, arm, lambda e: None, lambda: True)
+    injector.schedule(0.02, kinds=["comms"], at_once=4, keep=4, seed=0)
+    try:
+        deadline = time.monotonic() + 10
+        while len(sent) < 4 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.2)  # ten more ticks with 4 of 8 out: no wave
+        assert len(sent) == 4 and lowest[0] == 4
+        with lock:
+            for g in groups:
+                g.state = TRAINING  # the victims are back: the next wave goes
+        while len(sent) < 8 and time.monotonic() < deadline:
+            time.sleep(0.01)
+    finally:
+        injector.stop_schedule()
+    assert len(sent) >= 8 and lowest[0] == 4
 
 
 def _dead_child(tmp_path, kind, log=None):
