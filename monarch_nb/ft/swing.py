@@ -61,8 +61,8 @@ class SwingPlan:
     # The loss band's narrowest half width, a fraction of the reference's loss (RunHistory.loss_band's
     # floor; its default is 5%). While half the groups are out a step averages half the tokens, and
     # after a couple of hundred such steps the tiny model's loss lags the reference's by up to ~7%
-    # (measured: 6.3% and 7.2% in two 8-group runs); a failed heal or a diverging run is off by far more (a group starting
-    # over from initial weights: loss ~7.6 against ~1.3).
+    # (measured: 6.3% and 7.2% in two 8-group runs); a failed heal or a diverging run is off by far
+    # more (a group starting over from initial weights: loss ~7.6 against ~1.3).
     band_floor: float = 0.10
 
     @property
