@@ -220,6 +220,30 @@ def test_the_pid_check_says_how_a_dead_process_ended(tmp_path, kind, how):
                                                       f"it fired an injected {kind} fault, per the fault log)")
 
 
+def test_silence_is_counted_from_the_start_of_training_not_from_the_spawn():
+    """16 groups on two cores take ~2 min to start; the first groups were spawned (and last heard
+    from) that long before training started. A first poll that misses its 0.5 s under the load
+    of the start must not read as 2 min of silence (it did: 9 of 16 groups declared hung)."""
+    import time
+
+    from monarch_nb.ft.groups import TRAINING, GroupTable
+    from monarch_nb.ft.supervisor import Supervisor
+
+    groups = GroupTable(1)
+    g = groups[0]
+    g.state, g.last_answer = TRAINING, time.monotonic() - 120.0  # spawned two minutes ago
+    sup = Supervisor(RunConfig(replicas=1), None, groups, None, None, None, [].append, lambda replica: None,
+                     None, lambda: "")
+    sup.call = lambda *a, **k: None  # the trainer's start endpoint answered
+    sup._dead_rank = lambda g: None
+    sup.poll = lambda g, timeout: types.SimpleNamespace(errors={}, values={}, missing=[0])  # no answer in time
+    sup.start_training(g)
+    assert sup.check(g) is None, "a slow first poll is not a hang"
+    g.last_answer -= sup.config.hang_timeout_s + 1  # silent past hang_timeout_s since then: that is one
+    failure = sup.check(g)
+    assert failure is not None and failure.source == "hang" and "no answer from ranks [0]" in failure.reason
+
+
 # ---- platform: one module decides device and backend ------------------------------------
 
 
