@@ -15,7 +15,7 @@ loss band check, per-fault recovery times, both loss curves) and a PNG beside it
 against the reference over the live-groups strip). Exit status 0 iff no promise was broken
 (``SwingResult.problems()``).
 
-Usage: python bench/bench_swing.py --groups 16 --every 20 --at-once 8 --steps 240 \\
+Usage: python bench/bench_swing.py --groups 16 --every 20 --at-once 8 --steps 200 \\
            --out bench/results/swing.json [--job local|slurm]
 """
 
@@ -32,7 +32,7 @@ from monarch_nb.ft import FTRun, RunConfig  # noqa: E402
 from monarch_nb.ft.swing import SwingPlan, SwingResult, drive_faults, drive_reference, figure, measure  # noqa: E402
 
 
-def parser(doc: str = __doc__, *, groups: int = 16, every: float = 20.0, at_once: int = 8, steps: int = 240,
+def parser(doc: str = __doc__, *, groups: int = 16, every: float = 20.0, at_once: int = 8, steps: int = 200,
            model: str = "tiny") -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--groups", "--replicas", type=int, default=groups, dest="groups")

@@ -53,7 +53,7 @@ class SwingPlan:
     replicas: int = 16
     every_s: float = 20.0
     at_once: int = 8
-    steps: int = 240  # the fault run's waves go on until a group has committed this step
+    steps: int = 200  # the fault run's waves go on until a group has committed this step
     kinds: tuple[str, ...] = ("comms",)
     seed: int = 0
     keep: int | None = None
@@ -403,11 +403,10 @@ def _plural(n: int, word: str) -> str:
 
 def figure(result: SwingResult, panels: tuple[str, ...] = ("loss", "deviation", "live"), width: float = 9.0) -> Any:
     """A matplotlib Figure of any of three panels: ``loss`` (the fault run's committed loss
-    against the reference and its band, log scale, waves marked), ``deviation`` (the same as
+    against the reference and its band, waves marked), ``deviation`` (the same as
     percent off the band's centre, the reference's 20-step mean, inside the band's half width)
     and ``live`` (training groups over wall time, waves marked)."""
     from matplotlib.figure import Figure
-    from matplotlib.ticker import NullFormatter, ScalarFormatter
 
     heights = {"loss": 2.6, "deviation": 1.6, "live": 1.6}
     fig = Figure(figsize=(width, sum(heights[p] for p in panels) + 0.7), dpi=100)
@@ -430,9 +429,6 @@ def figure(result: SwingResult, panels: tuple[str, ...] = ("loss", "deviation", 
             if result.band.outside:
                 ax.plot(result.band.outside, [loss[s] for s in result.band.outside], "x", color="#D55E00",
                         label="outside the band")
-            ax.set_yscale("log")
-            ax.yaxis.set_major_formatter(ScalarFormatter())
-            ax.yaxis.set_minor_formatter(NullFormatter())
             ax.set_ylabel("committed loss")
             ax.set_title(f"{result.replicas} groups, {_plural(result.faults_sent, 'fault')} in "
                          f"{_plural(len(result.waves), 'wave')}: {result.band.rule}", fontsize=9)
