@@ -116,8 +116,48 @@ def test_fault_schedule_is_deterministic_for_a_seed_and_only_targets_eligible_gr
 def test_fault_schedule_validates_its_arguments():
     with pytest.raises(ValueError, match="^every"):
         FaultSchedule(every_s=0)
+    with pytest.raises(ValueError, match="^keep: must be an integer >= 1"):
+        FaultSchedule(every_s=1, keep=0)
     with pytest.raises(ValueError, match="^kinds: unknown fault kind"):
         FaultSchedule(every_s=1, kinds=["kill", "flood"])
+
+
+def test_scheduled_waves_never_leave_fewer_than_keep_training_groups(tmp_path):
+    """8 groups, waves of 4, keep 4: a wave that finds its victims still out is skipped, so the
+    training groups swing between 4 and 8 and never lower (the seed's 8 <-> 16 at half size)."""
+    import threading
+    import time
+
+    from monarch_nb.ft.groups import FAILED, TRAINING, GroupTable
+    from monarch_nb.ft.injector import FaultInjector
+
+    groups = GroupTable(8)
+    for g in groups:
+        g.state = TRAINING
+    lowest, sent, lock = [8], [], threading.Lock()
+
+    def arm(fault):  # the victim goes down at once, as a fired fault takes it out
+        with lock:
+            groups[fault.replica].state = FAILED
+            sent.append(fault.replica)
+            lowest[0] = min(lowest[0], len(groups.training()))
+
+    injector = FaultInjector(1, groups, str(tmp_path / "faults.jsonl"), arm, arm, lambda e: None, lambda: True)
+    injector.schedule(0.02, kinds=["comms"], at_once=4, keep=4, seed=0)
+    try:
+        deadline = time.monotonic() + 10
+        while len(sent) < 4 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.2)  # ten more ticks with 4 of 8 out: no wave
+        assert len(sent) == 4 and lowest[0] == 4
+        with lock:
+            for g in groups:
+                g.state = TRAINING  # the victims are back: the next wave goes
+        while len(sent) < 8 and time.monotonic() < deadline:
+            time.sleep(0.01)
+    finally:
+        injector.stop_schedule()
+    assert len(sent) >= 8 and lowest[0] == 4
 
 
 def _dead_child(tmp_path, kind, log=None):
@@ -178,6 +218,30 @@ def test_the_pid_check_says_how_a_dead_process_ended(tmp_path, kind, how):
     assert child.wait() == {"segfault": -11, "exit": 13}[kind]  # what really happened
     assert _pid_check(tmp_path, child.pid).reason == (f"process {child.pid} of rank 0 {how} (found by pid check; "
                                                       f"it fired an injected {kind} fault, per the fault log)")
+
+
+def test_silence_is_counted_from_the_start_of_training_not_from_the_spawn():
+    """16 groups on two cores take ~2 min to start; the first groups were spawned (and last heard
+    from) that long before training started. A first poll that misses its 0.5 s under the load
+    of the start must not read as 2 min of silence (it did: 9 of 16 groups declared hung)."""
+    import time
+
+    from monarch_nb.ft.groups import TRAINING, GroupTable
+    from monarch_nb.ft.supervisor import Supervisor
+
+    groups = GroupTable(1)
+    g = groups[0]
+    g.state, g.last_answer = TRAINING, time.monotonic() - 120.0  # spawned two minutes ago
+    sup = Supervisor(RunConfig(replicas=1), None, groups, None, None, None, [].append, lambda replica: None,
+                     None, lambda: "")
+    sup.call = lambda *a, **k: None  # the trainer's start endpoint answered
+    sup._dead_rank = lambda g: None
+    sup.poll = lambda g, timeout: types.SimpleNamespace(errors={}, values={}, missing=[0])  # no answer in time
+    sup.start_training(g)
+    assert sup.check(g) is None, "a slow first poll is not a hang"
+    g.last_answer -= sup.config.hang_timeout_s + 1  # silent past hang_timeout_s since then: that is one
+    failure = sup.check(g)
+    assert failure is not None and failure.source == "hang" and "no answer from ranks [0]" in failure.reason
 
 
 # ---- platform: one module decides device and backend ------------------------------------

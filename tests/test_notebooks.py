@@ -19,6 +19,9 @@ CI_PARAMS: dict[str, list[str]] = {
     "02_fault_tolerant_training.ipynb": ["-p", "replicas=3", "-p", "warmup_steps=2"],
     "03_dashboard.ipynb": ["-p", "replicas=2", "-p", "headless=True"],
     "04_checkpointless.ipynb": ["-p", "target=50", "-p", "period_s=20.0"],  # each arm still sees a fault (the race waits for one)
+    # the seed's experiment at half size: 8 groups, one wave of 4 after 5 s, the victims back, the reference
+    "06_seed_experiment.ipynb": ["-p", "replicas=8", "-p", "at_once=4", "-p", "every_s=5.0", "-p", "steps=30",
+                                 "-p", "headless=True"],
 }
 
 

@@ -130,6 +130,7 @@ class FaultSchedule:
     rank: int | None = None  # None: a random rank of the chosen group
     max_faults: int | None = None
     at_once: int = 1  # groups hit together in each wave (the seed's runs lost several at a time)
+    keep: int = 1  # a wave never leaves fewer training groups than this (smaller waves, or none)
     _rng: random.Random = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -143,6 +144,9 @@ class FaultSchedule:
             raise ValueError(f"max_faults: must be >= 1, got {self.max_faults!r}")
         if not isinstance(self.at_once, int) or self.at_once < 1:
             raise ValueError(f"at_once: must be an integer >= 1, got {self.at_once!r}")
+        if not isinstance(self.keep, int) or isinstance(self.keep, bool) or self.keep < 1:
+            raise ValueError(f"keep: must be an integer >= 1 (training groups a wave leaves standing), "
+                             f"got {self.keep!r}")
         self._rng = random.Random(self.seed)
 
     def next_wave(self, group_size: int, eligible: Sequence[int], limit: int) -> list[Fault]:

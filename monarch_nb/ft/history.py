@@ -65,6 +65,17 @@ def _mean_loss_by_step(steps: list[Step]) -> dict[int, float]:
     return {s: statistics.mean(v) for s, v in by_step.items()}
 
 
+def _band_at(ref: dict[int, float], steps: list[int], step: int, window: int, k: float,
+             floor: float) -> tuple[float, float] | None:
+    """The reference band's (centre, half width) at ``step``; None with fewer than 3 reference
+    steps within ``window // 2`` of it."""
+    around = [ref[s] for s in steps if abs(s - step) <= window // 2]
+    if len(around) < 3:
+        return None
+    centre = statistics.mean(around)
+    return centre, max(k * statistics.pstdev(around), floor * centre)
+
+
 class RunHistory:
     def __init__(self, events: EventStore, run_dir: str | Path | None = None) -> None:
         self.events = events
@@ -151,6 +162,18 @@ class RunHistory:
                 spent[n] = spent.get(n, 0.0) + max(0.0, nxt - t)
         return dict(sorted(spent.items()))
 
+    def mean_losses(self) -> dict[int, float]:
+        """The committed loss at each step, averaged over the groups that committed it."""
+        return _mean_loss_by_step(self.steps())
+
+    def band(self, *, window: int = 20, k: float = 3.0, floor: float = 0.05) -> dict[int, tuple[float, float]]:
+        """This run as a reference: the (centre, half width) of :meth:`loss_band`'s band at each
+        step it can be drawn for (at least 3 of the run's steps within ``window // 2``)."""
+        ref = self.mean_losses()
+        steps = sorted(ref)
+        drawn = {step: _band_at(ref, steps, step, window, k, floor) for step in steps}
+        return {step: b for step, b in drawn.items() if b is not None}
+
     def loss_band(self, reference: "RunHistory", *, window: int = 20, k: float = 3.0,
                   floor: float = 0.05) -> "LossBand":
         """Did this run's committed loss stay within the band of a run without faults?
@@ -159,18 +182,15 @@ class RunHistory:
         around s, plus or minus ``k`` times their standard deviation, and never narrower than
         ``floor`` times that mean (step-to-step noise of a tiny model is small but not zero).
         Steps the reference did not reach are not checked."""
-        ref = _mean_loss_by_step(reference.steps())
-        ours = _mean_loss_by_step(self.steps())
+        ref = reference.mean_losses()
         steps = sorted(ref)
         outside, checked = [], 0
-        for step, loss in sorted(ours.items()):
-            around = [ref[s] for s in steps if abs(s - step) <= window // 2]
-            if len(around) < 3:
+        for step, loss in sorted(self.mean_losses().items()):
+            band = _band_at(ref, steps, step, window, k, floor)
+            if band is None:
                 continue
-            centre = statistics.mean(around)
-            half = max(k * statistics.pstdev(around), floor * centre)
             checked += 1
-            if abs(loss - centre) > half:
+            if abs(loss - band[0]) > band[1]:
                 outside.append(step)
         return LossBand(window=window, k=k, floor=floor, checked=checked, outside=outside)
 

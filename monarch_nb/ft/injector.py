@@ -7,7 +7,7 @@ a fault, because the process may be gone a moment later; :meth:`FaultInjector.fi
 reads that log, so detection latency is measured from the fault itself, not from the
 injection, and :meth:`FaultInjector.fired_by` tells the pid check how a process that fired
 a fault ended when its exit status was reaped before it could be read. The schedule thread injects random faults every N seconds and never takes the
-last training group down.
+last training group down (nor, with ``keep=K``, the training groups below K).
 """
 
 from __future__ import annotations
@@ -74,11 +74,13 @@ class FaultInjector:
         return (self._cluster if fault.kind in CLUSTER_KINDS else self._arm)(fault)
 
     def schedule(self, every: float, kinds: Any = ("kill",), seed: int | None = None,
-                 max_faults: int | None = None, rank: int | None = None, at_once: int = 1) -> FaultSchedule:
+                 max_faults: int | None = None, rank: int | None = None, at_once: int = 1,
+                 keep: int = 1) -> FaultSchedule:
         """Every ``every`` seconds, one fault (of a random kind) into ``at_once`` random training
-        groups together; one training group is always left standing."""
+        groups together; at least ``keep`` training groups (at least one) are always left standing,
+        so a wave that finds groups still recovering is smaller, or skipped."""
         sched = FaultSchedule(every_s=every, kinds=tuple(kinds), seed=seed, rank=rank, max_faults=max_faults,
-                              at_once=at_once)
+                              at_once=at_once, keep=keep)
         self.stop_schedule()
         stop = self._schedule_stop = threading.Event()
 
@@ -86,7 +88,7 @@ class FaultInjector:
             n = 0
             while not stop.wait(sched.every_s) and self._running():
                 live = [g.index for g in self._groups.training()]
-                limit = len(live) - 1  # never take the last training group down
+                limit = len(live) - sched.keep  # never take the last (or the last `keep`) down
                 if sched.max_faults is not None:
                     limit = min(limit, sched.max_faults - n)
                 for fault in sched.next_wave(self.group_size, live, limit) if limit > 0 else []:

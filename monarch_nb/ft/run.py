@@ -423,10 +423,13 @@ class FTRun:
         return dropped
 
     def schedule(self, every: float, kinds: Any = ("kill",), seed: int | None = None,
-                 max_faults: int | None = None, rank: int | None = None, at_once: int = 1) -> FaultSchedule:
+                 max_faults: int | None = None, rank: int | None = None, at_once: int = 1,
+                 keep: int = 1) -> FaultSchedule:
         """Every ``every`` seconds inject a random fault kind into ``at_once`` random training
-        groups together (waves); the last training group is never taken down."""
-        return self.faults.schedule(every, kinds, seed=seed, max_faults=max_faults, rank=rank, at_once=at_once)
+        groups together (waves); the last training group is never taken down, nor any below
+        ``keep`` training groups (a wave that finds groups still recovering is smaller or skipped)."""
+        return self.faults.schedule(every, kinds, seed=seed, max_faults=max_faults, rank=rank, at_once=at_once,
+                                    keep=keep)
 
     def stop_schedule(self) -> None:
         self.faults.stop_schedule()

@@ -211,8 +211,12 @@ class Supervisor:
 
     def start_training(self, g: ReplicaGroup, min_step: int = 0, resume_from: str | None = None) -> None:
         """Start ``g``'s training loop. ``min_step``: it may not train below the run's progress
-        without a heal or a checkpoint; ``resume_from``: a durable checkpoint to load first."""
+        without a heal or a checkpoint; ``resume_from``: a durable checkpoint to load first.
+        The group has just answered: its silence is counted from here, not from its spawn (a
+        run's start takes minutes with 16 groups on two cores, and a slow first poll after it
+        must not read as minutes of silence)."""
         self.call(g, "start", min_step, resume_from, timeout=120.0 if resume_from else 30.0)
+        g.last_answer = time.monotonic()
 
     def progress(self) -> int:
         """The run's last committed step, as far as the groups reported it."""

@@ -80,6 +80,8 @@ def add_training_commands(sub: Any) -> None:
     schedule.add_argument("--max", type=positive_int, default=None, dest="max_faults")
     schedule.add_argument("--seed", type=int, default=None)
     schedule.add_argument("--at-once", type=positive_int, default=1, help="groups hit together in each wave")
+    schedule.add_argument("--keep", type=positive_int, default=1,
+                          help="training groups a wave always leaves standing (default 1)")
 
     scale = sub.add_parser("scale", help="resize the running job to N replica groups (run.scale)")
     scale.add_argument("replicas", type=positive_int)
@@ -214,8 +216,10 @@ class TrainingCommands:
         bad = [k for k in kinds if k not in FAULT_KINDS]
         if bad or not kinds:
             raise UsageError(f"--kinds: unknown fault kind(s) {bad}; allowed: {', '.join(FAULT_KINDS)}")
-        run.schedule(args.every, kinds=kinds, seed=args.seed, max_faults=args.max_faults, at_once=args.at_once)
+        run.schedule(args.every, kinds=kinds, seed=args.seed, max_faults=args.max_faults, at_once=args.at_once,
+                     keep=args.keep)
         wave = f" into {args.at_once} groups at once" if args.at_once > 1 else ""
+        wave += f", leaving at least {args.keep} training" if args.keep > 1 else ""
         print(f"injecting {'/'.join(kinds)} every {args.every:g} s{wave}")
 
     def scale(self, args: argparse.Namespace) -> None:
