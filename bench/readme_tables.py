@@ -5,6 +5,7 @@ writes what goes between them. Blocks:
 
   seed_clusters   the seed's clusters, from bench/results/seed_clusters.json
                   (bench/seed_clusters.py writes it from bench/bench_scale_model.py's failures)
+  scale           2 to 32 groups, from bench/results/scale.json (bench/bench_scale.py)
 
 Usage: python bench/readme_tables.py            print the blocks
        python bench/readme_tables.py --check    exit 1, with a diff, if README.md differs
@@ -86,9 +87,44 @@ def seed_block(result: dict[str, Any]) -> str:
     ])
 
 
+def _f(x: float | None, fmt: str) -> str:
+    return "-" if x is None else format(x, fmt)
+
+
+def scale_block(result: dict[str, Any]) -> str:
+    """bench_scale.py's figures: the control plane per R, then each failure."""
+    runs = [r for r in result["runs"] if r["mode"] == "peer"]
+    head = [f"`{result['command']}` ({result['model']} flavour, {result['cpus']} CPUs, job={result['job']}, "
+            f"{result['seconds'] / 60:.0f} min; `bench/results/scale.json`). While training, no fault:",
+            "",
+            "| R | start s | start CPU-s/group | step s | step CPU-s/group | controller % core | dashboard % "
+            "| Lighthouse % | reaper % | events/s | RSS MB/group | PSS MB/group |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in runs:
+        head.append(f"| {r['groups']} | {r['start_s']:.0f} | {r['start_cpu_s_per_group']:.1f} | {r['step_s']:.2f} "
+                    f"| {_f(r.get('step_cpu_s_per_group'), '.3f')} | {100 * r['controller_cpu']:.0f} "
+                    f"| {100 * r['dashboard_cpu']:.1f} | {_f(r.get('lighthouse_cpu') and 100 * r['lighthouse_cpu'], '.1f')} "
+                    f"| {_f(r.get('reaper_cpu') and 100 * r['reaper_cpu'], '.1f')} | {r['events_per_s']:.0f} "
+                    f"| {r['rss_mb_per_group']:.0f} | {r['pss_mb_per_group']:.0f} |")
+    head += ["", "Each failure (peer: the victim's recovery; restart: every group's; stall = the survivors' "
+             "longest gap between commits, in seconds and in median steps):", "",
+             "| R | mode | fault | spare | detect s | stall s | stall steps | back s | heal s | CPU-s/group "
+             "| victim CPU-s | box busy |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in sorted(result["records"], key=lambda r: (r["mode"] != "peer", r["groups"])):
+        head.append(f"| {r['groups']} | {r['mode']} | {r['kind']} | {'yes' if r['spare'] else 'no'} "
+                    f"| {_f(r['detect_s'], '.2f')} | {_f(r['stall_s'], '.2f')} | {_f(r['stall_steps'], '.1f')} "
+                    f"| {_f(r['back_s'], '.1f')} | {_f(r['heal_s'], '.2f')} | {_f(r['cpu_s_per_group'], '.1f')} "
+                    f"| {_f(r['victim_cpu_s'], '.1f')} | {_f(r['box_busy'], '.0%')} |")
+    return "\n".join(head)
+
+
 def blocks() -> dict[str, str]:
     seed = json.loads((REPO / "bench/results/seed_clusters.json").read_text())
-    return {"seed_clusters": seed_block(seed)}
+    out = {"seed_clusters": seed_block(seed)}
+    scale = REPO / "bench/results/scale.json"
+    if scale.exists():
+        out["scale"] = scale_block(json.loads(scale.read_text()))
+    return out
 
 
 def _pattern(name: str) -> re.Pattern[str]:

@@ -216,7 +216,7 @@ class Supervisor:
         run's start takes minutes with 16 groups on two cores, and a slow first poll after it
         must not read as minutes of silence)."""
         self.call(g, "start", min_step, resume_from, timeout=120.0 if resume_from else 30.0)
-        g.last_answer = time.monotonic()
+        self.groups.touch(g, time.monotonic())
 
     def progress(self) -> int:
         """The run's last committed step, as far as the groups reported it."""
