@@ -256,7 +256,11 @@ def measure(replicas: int, mode: str, job: str, quick: bool, window_s: float) ->
             print(f"R={replicas:<3} {mode:<7} {kind:<5} spare={records[-1].spare!s:<5} detect={rec.detection_s}"
                   f" stall={stall_s} back={rec.total_s} heal={rec.heal_s} cpu/group={cost['cpu_s_per_group']:.2f}",
                   flush=True)
+        history = run.history()
+        checks = history.identity_checks()
         summary = {"groups": replicas, "mode": mode, "start_s": start_s,
+                   "identity_checks": len(checks), "all_identical": all(c.identical for c in checks),
+                   "checkpoints_saved": len(run.events.events("checkpoint_saved")),
                    "start_cpu_s_per_group": statistics.mean(c for c in start_cpu if c is not None),
                    "rss_mb_per_group": statistics.mean(m[0] for m in mem),
                    "pss_mb_per_group": statistics.mean(m[1] for m in mem), **window}
@@ -321,29 +325,43 @@ def main(argv: list[str] | None = None) -> int:
                    help="two faults per R (kill with a spare, comms without), restart mode for R <= 8, 8 s windows")
     p.add_argument("--window-s", type=float, default=15.0, help="the quiet training window measured at each R")
     p.add_argument("--job", default="local", choices=("local", "slurm"))
+    p.add_argument("--merge", help="a JSON this script wrote: its records and runs for the other R are kept")
     p.add_argument("--out", required=True)
     a = p.parse_args(argv)
     groups = [int(g) for g in a.groups.split(",")]
     restart_max = min(a.restart_max, 8) if a.quick else a.restart_max
     window_s = min(a.window_s, 8.0) if a.quick else a.window_s
     t0 = time.monotonic()
-    records: list[Record] = []
+    out = Path(a.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    command = " ".join([Path(sys.argv[0]).name, *(argv if argv is not None else sys.argv[1:])])
+    base = json.loads(Path(a.merge).read_text()) if a.merge else {"records": [], "runs": [], "seconds": 0.0}
+    kept = lambda rows: [r for r in rows if r["groups"] not in groups]  # noqa: E731
+    rows: list[dict] = []
     runs: list[dict] = []
+
+    def write() -> dict:
+        """After every R: what was measured so far survives a later crash."""
+        result = {"command": command + (f" (merged with {base['command']})" if a.merge else ""),
+                  "job": a.job, "model": "tiny", "cpus": os.cpu_count(),
+                  "seconds": time.monotonic() - t0 + (base["seconds"] if a.merge else 0.0),
+                  "records": sorted(kept(base["records"]) + rows, key=lambda r: (r["mode"], r["groups"])),
+                  "runs": sorted(kept(base["runs"]) + runs, key=lambda r: (r["mode"], r["groups"])),
+                  "parallel_on_a_cluster": PARALLEL_ON_A_CLUSTER}
+        out.write_text(json.dumps(result, indent=1, default=str))
+        return result
+
     for replicas in groups:
         for mode in ("peer", "restart"):
             if mode == "restart" and replicas > restart_max:
                 continue
             recs, summary = measure(replicas, mode, a.job, a.quick, window_s)
-            records += recs
+            rows += [asdict(r) for r in recs]
             runs.append(summary)
             print(json.dumps(summary), flush=True)
-    out = Path(a.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    rows = [asdict(r) for r in records]
-    result = {"command": " ".join([Path(sys.argv[0]).name, *(argv if argv is not None else sys.argv[1:])]),
-              "job": a.job, "model": "tiny", "cpus": os.cpu_count(), "seconds": time.monotonic() - t0,
-              "records": rows, "runs": runs, "parallel_on_a_cluster": PARALLEL_ON_A_CLUSTER}
-    result["figures"] = plot(rows, runs, out)
+            write()
+    result = write()
+    result["figures"] = plot(result["records"], result["runs"], out)
     out.write_text(json.dumps(result, indent=1, default=str))
     print(f"wrote {out} and {len(result['figures'])} PNGs in {result['seconds']:.0f} s")
     return 0

@@ -18,6 +18,7 @@ import argparse
 import difflib
 import json
 import re
+import statistics
 import sys
 import textwrap
 from pathlib import Path
@@ -109,13 +110,42 @@ def scale_block(result: dict[str, Any]) -> str:
     head += ["", "Each failure (peer: the victim's recovery; restart: every group's; stall = the survivors' "
              "longest gap between commits, in seconds and in median steps):", "",
              "| R | mode | fault | spare | detect s | stall s | stall steps | back s | heal s | CPU-s/group "
-             "| victim CPU-s | box busy |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| victim CPU-s (a spare's: with its build) | box busy |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in sorted(result["records"], key=lambda r: (r["mode"] != "peer", r["groups"])):
         head.append(f"| {r['groups']} | {r['mode']} | {r['kind']} | {'yes' if r['spare'] else 'no'} "
                     f"| {_f(r['detect_s'], '.2f')} | {_f(r['stall_s'], '.2f')} | {_f(r['stall_steps'], '.1f')} "
                     f"| {_f(r['back_s'], '.1f')} | {_f(r['heal_s'], '.2f')} | {_f(r['cpu_s_per_group'], '.1f')} "
                     f"| {_f(r['victim_cpu_s'], '.1f')} | {_f(r['box_busy'], '.0%')} |")
+    head += ["", *_scale_targets(result)]
     return "\n".join(head)
+
+
+def _scale_targets(result: dict[str, Any]) -> list[str]:
+    """The issue's targets against what the run measured (each line says met or not)."""
+    peer = [r for r in result["records"] if r["mode"] == "peer"]
+    runs = {r["groups"]: r for r in result["runs"] if r["mode"] == "peer"}
+    top = max(runs)
+    at_top = [r for r in peer if r["groups"] == top and r["stall_steps"] is not None]
+    stall_top = statistics.median(r["stall_steps"] for r in at_top) if at_top else None
+    detect = [r["detect_s"] for r in peer if r["detect_s"] is not None]
+    spare_back = [r["back_s"] for r in peer if r["spare"] and r["back_s"] is not None]
+
+    def line(what: str, value: str, ok: bool) -> str:
+        return f"* {what}: {value} - {'met' if ok else '**not met**'}"
+
+    return [f"Targets (R = {top} is the largest R of this run):",
+            line(f"survivor stall at R = {top} <= 2 median steps", f"median {_f(stall_top, '.1f')} steps",
+                 stall_top is not None and stall_top <= 2),
+            line("detection <= 1 s at every R", f"max {max(detect):.2f} s", max(detect) <= 1.0),
+            line("victim back with a warm spare <= 2 s at every R",
+                 f"max {max(spare_back):.1f} s" if spare_back else "no spare served", bool(spare_back) and max(spare_back) <= 2.0),
+            line(f"controller CPU at R = {top} <= 25% of a core", f"{100 * runs[top]['controller_cpu']:.0f}%",
+                 runs[top]["controller_cpu"] <= 0.25),
+            line(f"dashboard CPU at R = {top} <= 3% of a core", f"{100 * runs[top]['dashboard_cpu']:.1f}%",
+                 runs[top]["dashboard_cpu"] <= 0.03),
+            line("RSS per group <= 400 MB", f"{max(r['rss_mb_per_group'] for r in runs.values()):.0f} MB "
+                 f"(PSS {max(r['pss_mb_per_group'] for r in runs.values()):.0f} MB)",
+                 max(r["rss_mb_per_group"] for r in runs.values()) <= 400)]
 
 
 def blocks() -> dict[str, str]:

@@ -566,3 +566,30 @@ def test_groups_are_polled_less_often_past_eight_so_the_controllers_polls_stay_f
     hasty = Supervisor(RunConfig(replicas=groups, hang_timeout_s=2.0), None, table, None, None, None, [].append,
                        lambda replica: None, lambda group, port: (), lambda: "")
     assert hasty.poll_interval() <= 0.5  # a quarter of the hang timeout: a hang is still noticed in time
+
+
+def test_most_groups_silent_at_once_reads_as_overload_not_as_hangs():
+    """32 groups on two cores: every poll answers late. Failing them all as hung killed healthy
+    groups and fed the overload with respawns (bench_scale at R = 32); one silent group is
+    still a hang after hang_timeout_s."""
+    from monarch_nb.ft.groups import TRAINING, GroupTable
+    from monarch_nb.ft.supervisor import OVERLOAD_PATIENCE, Supervisor
+
+    table = GroupTable(8)
+    for g in table:
+        table.set_state(g, TRAINING)
+        table.touch(g, 100.0)
+    sup = Supervisor(RunConfig(replicas=8, hang_timeout_s=5.0), None, table, None, None, None, [].append,
+                     lambda replica: None, lambda group, port: (), lambda: "")
+    table.touch(table[0], 90.0)  # one group silent for 10 s, the others answered just now
+    assert sup.hang_deadline(100.0) == 5.0
+    for g in list(table)[:4]:  # half of them silent
+        table.touch(g, 90.0)
+    assert sup.hang_deadline(100.0) == OVERLOAD_PATIENCE * 5.0
+    small = GroupTable(3)  # too few groups to tell overload from hangs
+    for g in small:
+        small.set_state(g, TRAINING)
+        small.touch(g, 90.0)
+    sup3 = Supervisor(RunConfig(replicas=3, hang_timeout_s=5.0), None, small, None, None, None, [].append,
+                      lambda replica: None, lambda group, port: (), lambda: "")
+    assert sup3.hang_deadline(100.0) == 5.0

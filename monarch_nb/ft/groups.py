@@ -175,6 +175,13 @@ class GroupTable:
         with self.lock:
             return [g for g in self.groups if g.state == TRAINING]
 
+    def silent(self, now: float, seconds: float) -> tuple[int, int]:
+        """(groups training or healing that have not answered for ``seconds``, groups training
+        or healing): many silent at once points at the host or the controller, not at hangs."""
+        with self.lock:
+            watched = [g for g in self.groups if g.state in (TRAINING, HEALING)]
+            return sum(1 for g in watched if now - g.last_answer > seconds), len(watched)
+
     def status(self) -> dict[int, dict[str, Any]]:
         with self.lock:
             return {g.index: {"state": g.state, "step": g.step, "attempts": g.attempts,

@@ -59,6 +59,7 @@ from .platform import DEVICE_SLOT_ENV
 from .spares import Spare, SparePool
 
 log = logging.getLogger(__name__)
+OVERLOAD_PATIENCE = 4  # hang timeouts a group may stay silent while most groups are (hang_deadline)
 POLLS_PER_S = 32  # the controller's polls per second in all, once there are enough groups (poll_interval)
 SPAWN_THREADS = 32  # groups brought up at once by spawn_all
 RESUME_RETRY_S = 5.0  # after a failed checkpoint load, the next try (at a poll that finds a group waiting)
@@ -364,11 +365,23 @@ class Supervisor:
             self.groups.touch(g, now)
             if all(v.get("state") == "finished" for v in result.values.values()):
                 self.set_state(g, FINISHED)
-        elif now - g.last_answer > self.config.hang_timeout_s:
+        elif now - g.last_answer > self.hang_deadline(now):
             t = time.time()
             return Failure(f"hang: no answer from ranks {result.missing} for {now - g.last_answer:.1f} s",
                            result.missing[0], t, "hang", stack=self.stack_of(g, result.missing[0]))
         return None
+
+    def hang_deadline(self, now: float) -> float:
+        """Seconds of silence after which a group is failed as hung: ``hang_timeout_s``, unless
+        at least half of the (4 or more) training groups are silent at once. That is an
+        overloaded host or controller (32 groups on two cores: every poll answers late), and
+        failing them all would kill healthy groups and feed the overload with respawns; they
+        get OVERLOAD_PATIENCE times as long. A hang of one group is still caught in time."""
+        timeout = self.config.hang_timeout_s
+        silent, watched = self.groups.silent(now, timeout / 2)
+        if watched >= 4 and silent >= watched / 2:
+            return OVERLOAD_PATIENCE * timeout
+        return timeout
 
     def _finish_if_run_is_over(self, g: ReplicaGroup) -> bool:
         """The other groups trained to the run's last step and stopped while ``g`` was out: no
