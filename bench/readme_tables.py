@@ -5,7 +5,7 @@ writes what goes between them. Blocks:
 
   seed_clusters   the seed's clusters, from bench/results/seed_clusters.json
                   (bench/seed_clusters.py writes it from bench/bench_scale_model.py's failures)
-  scale           2 to 32 groups, from bench/results/scale.json (bench/bench_scale.py)
+  scale           2 to 16 groups, from bench/results/scale_quick.json (bench/bench_scale.py --quick)
 
 Usage: python bench/readme_tables.py            print the blocks
        python bench/readme_tables.py --check    exit 1, with a diff, if README.md differs
@@ -96,7 +96,7 @@ def scale_block(result: dict[str, Any]) -> str:
     """bench_scale.py's figures: the control plane per R, then each failure."""
     runs = [r for r in result["runs"] if r["mode"] == "peer"]
     head = [f"`{result['command']}` ({result['model']} flavour, {result['cpus']} CPUs, job={result['job']}, "
-            f"{result['seconds'] / 60:.0f} min; `bench/results/scale.json`). While training, no fault:",
+            f"{result['seconds'] / 60:.0f} min). While training, no fault:",
             "",
             "| R | start s | start CPU-s/group | step s | step CPU-s/group | controller % core | dashboard % "
             "| Lighthouse % | reaper % | events/s | RSS MB/group | PSS MB/group |",
@@ -151,7 +151,7 @@ def _scale_targets(result: dict[str, Any]) -> list[str]:
 def blocks() -> dict[str, str]:
     seed = json.loads((REPO / "bench/results/seed_clusters.json").read_text())
     out = {"seed_clusters": seed_block(seed)}
-    scale = REPO / "bench/results/scale.json"
+    scale = REPO / "bench/results/scale_quick.json"
     if scale.exists():
         out["scale"] = scale_block(json.loads(scale.read_text()))
     return out
