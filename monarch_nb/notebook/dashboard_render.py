@@ -20,10 +20,12 @@ import math
 import time
 from typing import Any, Iterable
 
+from ..ft.groups import GROUP_STATES
 from ..ft.recovery import PHASES, Recovery
 from .dashboard_model import DashboardModel, HealthCell, LogLine, PlotData, QuorumSummary, fmt_bytes
 from .palette import STATE_STYLES, style_of
 
+SPARE_STATES = ("building", "ready")  # a warm spare waiting outside the quorum (monarch_nb.ft.spares)
 # Okabe-Ito palette: distinguishable with the common colour-vision deficiencies.
 REPLICA_COLOURS = ("#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#F0E442", "#999999")
 GLOBAL_COLOUR = "#000000"
@@ -118,10 +120,10 @@ def _cell_html(c: HealthCell) -> str:
 
 
 def legend_html() -> str:
+    """The states a group (or a warm spare) can be in; process and call states are not shown here."""
     items = []
-    for state, st in STATE_STYLES.items():
-        if state == "unknown":
-            continue
+    for state in (*GROUP_STATES, *SPARE_STATES):
+        st = style_of(state)
         items.append(f"<span style='background:{st.background};color:{st.foreground};padding:0 4px;"
                      f"border-radius:3px;margin-right:4px;white-space:nowrap'>{_e(st.glyph)} {_e(st.label)}</span>")
     # width:0 + min-width:100%: as wide as the grid above, never widening it; wraps inside.
@@ -142,14 +144,99 @@ def spares_html(spares: dict[int, tuple[str, str]]) -> str:
     return f"<div class='mnb-spares' style='margin-top:4px;font-size:12px'>{''.join(items)}</div>"
 
 
-def health_html(cells: list[HealthCell], spares: dict[int, tuple[str, str]] | None = None) -> str:
+# More processes than this: the grid shows one small tile per process (state glyph, group
+# number, colour; the rest on hover) and lists the groups that are not training in words.
+COMPACT_CELLS = 12
+TILES_PER_ROW = 8
+# Group states the compact grid's list names group by group (the others are only counted).
+_QUIET_STATES = ("training", "stopped", "finished", "retired")
+DOWN_LISTED = 8  # groups the compact list names; more are counted
+
+
+def _tile_html(c: HealthCell, group_size: int) -> str:
+    st = c.style
+    name = f"{c.replica}.{c.rank}" if group_size > 1 else str(c.replica)
+    step = "-" if c.last_committed_step is None else str(c.last_committed_step)
+    text = _e(c.text)
+    return (f"<div class='mnb-cell mnb-state-{_e(c.state)}' data-replica='{c.replica}' data-rank='{c.rank}' "
+            f"data-state='{_e(c.state)}' data-step='{step}' title='{text}' role='status' aria-label='{text}' "
+            f"style='background:{st.background};color:{st.foreground};border-radius:3px;padding:1px 3px;"
+            f"min-width:38px;text-align:center;white-space:nowrap;font-family:sans-serif;font-size:12px;"
+            f"line-height:1.5'>{_e(st.glyph)} {name}</div>")
+
+
+def _badge(st: Any, text: str) -> str:
+    return (f"<span style='background:{st.background};color:{st.foreground};padding:0 4px;border-radius:3px;"
+            f"white-space:nowrap'>{text}</span>")
+
+
+def health_summary_html(cells: list[HealthCell]) -> str:
+    """Under the compact grid: processes per state, the committed-step spread, the oldest
+    heartbeat, and each group that is not training (or stopped/finished) with why, in words."""
+    counts: dict[str, int] = {}
+    groups: dict[int, list[HealthCell]] = {}
+    steps = [c.last_committed_step for c in cells if c.last_committed_step is not None]
+    oldest: HealthCell | None = None
+    for c in cells:
+        counts[c.state] = counts.get(c.state, 0) + 1
+        groups.setdefault(c.replica, []).append(c)
+        if c.heartbeat_age_s is not None and (oldest is None or c.heartbeat_age_s > oldest.heartbeat_age_s):
+            oldest = c
+    order = list(STATE_STYLES)
+    states = sorted(counts, key=lambda s: order.index(s) if s in order else len(order))
+    who = f"{len(groups)} groups" + ("" if len(cells) == len(groups) else f", {len(cells)} processes")
+    line = " ".join(_badge(style_of(s), f"{_e(style_of(s).glyph)} {counts[s]} {_e(style_of(s).label)}")
+                    for s in states)
+    facts = []
+    if steps:
+        low, high = min(steps), max(steps)
+        facts.append(f"committed step {low}" if low == high else f"committed step {low}&ndash;{high}")
+    if oldest is not None and oldest.heartbeat_age_s >= 2.0:
+        facts.append(f"oldest heartbeat {oldest.heartbeat_age_s:.0f} s ago (group {oldest.replica})")
+    elif oldest is not None:
+        facts.append("every group heard from within 2 s")
+    down = [(r, g) for r, g in groups.items() if g[0].state not in _QUIET_STATES]
+    items = []
+    for replica, group in down[:DOWN_LISTED]:
+        c, st = group[0], group[0].style
+        details = list(dict.fromkeys(x.detail for x in group if x.detail))
+        if len(details) > 1:  # a failed group: the dead rank says why, the others only that it is down
+            details = [d for d in details if not d.startswith("group down")] or details
+        step = "-" if c.last_committed_step is None else str(c.last_committed_step)
+        items.append(f"<div class='mnb-down' data-replica='{replica}' data-state='{_e(c.state)}'>"
+                     f"{_badge(st, f'{_e(st.glyph)} {_e(st.label)}')} group {replica} &middot; step {step}"
+                     + "".join(f" &middot; {_e(d)}" for d in details) + "</div>")
+    if len(down) > DOWN_LISTED:
+        items.append(f"<div class='mnb-down-more'>and {len(down) - DOWN_LISTED} more groups not training "
+                     f"(hover a tile for its state)</div>")
+    return (f"<div class='mnb-health-summary' data-down='{len(down)}' style='width:0;min-width:100%;"
+            f"font-family:sans-serif;font-size:12px;line-height:1.7;margin-top:4px;white-space:normal'>"
+            f"<div>{who}: {line}</div>"
+            f"<div style='color:#555'>{' &middot; '.join(facts)}</div>{''.join(items)}</div>")
+
+
+def health_html(cells: list[HealthCell], spares: dict[int, tuple[str, str]] | None = None, *,
+                compact: bool | None = None) -> str:
+    """The health grid: one cell per process with its state, step and heartbeat; with more
+    than ``COMPACT_CELLS`` processes (or ``compact=True``) a tile per process, wrapped
+    ``TILES_PER_ROW`` to a row (whole groups to a row), and the groups not training listed."""
     if not cells:
         return "<div class='mnb-health' data-cells='0'><i>no processes yet</i></div>"
-    columns = max(c.rank for c in cells) + 1
-    body = "".join(_cell_html(c) for c in cells)
-    return (f"<div class='mnb-health' data-cells='{len(cells)}' style='display:inline-block;min-width:250px'>"
-            f"<div style='display:grid;grid-template-columns:repeat({columns},max-content);gap:4px'>{body}</div>"
-            f"{spares_html(spares or {})}{legend_html()}</div>")
+    group_size = max(c.rank for c in cells) + 1
+    if compact is None:
+        compact = len(cells) > COMPACT_CELLS
+    if compact:
+        columns = group_size * max(1, TILES_PER_ROW // group_size)
+        body = "".join(_tile_html(c, group_size) for c in cells)
+        gap, extra = "3px", health_summary_html(cells)
+    else:
+        columns = group_size
+        body = "".join(_cell_html(c) for c in cells)
+        gap, extra = "4px", ""
+    return (f"<div class='mnb-health' data-cells='{len(cells)}' data-compact='{str(compact).lower()}' "
+            f"style='display:inline-block;min-width:250px'>"
+            f"<div style='display:grid;grid-template-columns:repeat({columns},max-content);gap:{gap}'>{body}</div>"
+            f"{extra}{spares_html(spares or {})}{legend_html()}</div>")
 
 
 def live_groups_svg(series: list[tuple[float, int]], t0: float | None, end: float, width: int = 600,
@@ -168,8 +255,12 @@ def live_groups_svg(series: list[tuple[float, int]], t0: float | None, end: floa
         points.append(f"{x(t):.1f},{y(n):.1f}")
         last = n
     points.append(f"{x(end):.1f},{y(last):.1f}")
+    labels: list[int] = []  # 0, the top, and the levels seen, each at least a label's height apart
+    for n in [top, 0, *sorted({n for _, n in series}, reverse=True)]:
+        if all(abs(y(n) - y(m)) >= 9 for m in labels):
+            labels.append(n)
     ticks = "".join(f"<text x='26' y='{y(n) + 3:.1f}' font-size='9' text-anchor='end'>{n}</text>"
-                    for n in sorted({0, top, *(n for _, n in series)}))
+                    for n in sorted(labels))
     return (f"<svg class='mnb-live-groups' data-max='{top}' data-now='{series[-1][1]}' width='{width}' "
             f"height='{height}' role='img' aria-label='groups training over time, now {series[-1][1]}'>"
             f"<text x='{width // 2}' y='{height - 2}' font-size='9' text-anchor='middle'>groups training "
@@ -219,12 +310,23 @@ PHASE_COLOURS = {"detect": "#d32f2f", "teardown": "#8d6e63", "acquire": "#f9a825
 PHASE_NOTES = {"teardown": "stop", "acquire": "spawn", "heal": "transfer"}
 
 
-def recoveries_html(recoveries: list[Recovery], t0: float | None, *, bars: bool = True) -> str:
+def recoveries_html(recoveries: list[Recovery], t0: float | None, *, bars: bool = True,
+                    last: int | None = None) -> str:
+    """One row per failure and its recovery; with ``last`` only the last ``last`` rows and
+    every recovery still in progress (a run of many groups fails often: the live table, and
+    the cost of drawing it, stay bounded; the static copy lists all)."""
     if not recoveries:
         return "<div class='mnb-recoveries' data-count='0'><i>no failures so far</i></div>"
+    first = 0 if last is None else max(0, len(recoveries) - last)
+    shown = [(i, r) for i, r in enumerate(recoveries) if i >= first or not r.finished]
     rows = []
-    longest = max((r.total_s or sum(p.duration_s or 0.0 for p in r.phases())) for r in recoveries) or 1.0
-    for i, r in enumerate(recoveries):
+    if len(shown) < len(recoveries):
+        rows.append(f"<tr class='mnb-recoveries-earlier'><td colspan='{len(PHASES) + 6 + bool(bars)}' "
+                    f"style='color:#666'>{len(recoveries) - len(shown)} earlier recoveries not shown "
+                    f"(all {len(recoveries)} are in the static copy and in <code>dash.model.recoveries</code>)"
+                    f"</td></tr>")
+    longest = max((r.total_s or sum(p.duration_s or 0.0 for p in r.phases())) for _, r in shown) or 1.0
+    for i, r in shown:
         phases = r.phases()
         cells = "".join(
             f"<td class='mnb-phase' data-phase='{p.name}' data-seconds='{'' if p.duration_s is None else f'{p.duration_s:.3f}'}'>"
@@ -256,10 +358,10 @@ def recoveries_html(recoveries: list[Recovery], t0: float | None, *, bars: bool 
                         f"margin:0'>{_e(r.stack)}</pre></details></td></tr>")
     bar_head = "<th>timeline</th>" if bars else ""
     phase_heads = "".join(f"<th>{name}</th>" for name in PHASES)
-    return ("<div class='mnb-recoveries' data-count='%d'><table border='1' style='border-collapse:collapse;"
-            "font-family:sans-serif;font-size:12px'><thead><tr><th>group</th><th>fault</th><th>at</th>"
+    return ("<div class='mnb-recoveries' data-count='%d' data-shown='%d'><table border='1' style='border-collapse:"
+            "collapse;font-family:sans-serif;font-size:12px'><thead><tr><th>group</th><th>fault</th><th>at</th>"
             "%s<th>total</th><th>status</th><th>state copied</th>%s</tr></thead><tbody>%s</tbody></table></div>"
-            % (len(recoveries), phase_heads, bar_head, "".join(rows)))
+            % (len(recoveries), len(shown), phase_heads, bar_head, "".join(rows)))
 
 
 def logs_html(lines: list[Any], log_dir: Any, *, scroll: bool = True) -> str:
@@ -280,9 +382,9 @@ def events_html(lines: Iterable[LogLine], t0: float | None, *, scroll: bool = Tr
             f"padding-left:18px;{box}'>{items or '<li><i>no events</i></li>'}</ul>")
 
 
-def timeline_html(model: DashboardModel, last_events: int = 12) -> str:
+def timeline_html(model: DashboardModel, last_events: int = 12, last_recoveries: int = 10) -> str:
     t0 = model.started_t
-    return (recoveries_html(model.recoveries, t0)
+    return (recoveries_html(model.recoveries, t0, last=last_recoveries)
             + "<div style='font-size:12px;margin-top:4px'><b>events</b></div>"
             + events_html(sorted(model.event_log(last_events), key=lambda line: line.t, reverse=True), t0))
 
