@@ -323,7 +323,7 @@ def recoveries_html(recoveries: list[Recovery], t0: float | None, *, bars: bool 
     if len(shown) < len(recoveries):
         rows.append(f"<tr class='mnb-recoveries-earlier'><td colspan='{len(PHASES) + 6 + bool(bars)}' "
                     f"style='color:#666'>{len(recoveries) - len(shown)} earlier recoveries not shown "
-                    f"(all {len(recoveries)} are in the static copy and in <code>dash.model.recoveries</code>)"
+                    f"(the static copy, <code>show_static()</code>, lists all {len(recoveries)})"
                     f"</td></tr>")
     longest = max((r.total_s or sum(p.duration_s or 0.0 for p in r.phases())) for _, r in shown) or 1.0
     for i, r in shown:
