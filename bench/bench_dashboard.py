@@ -13,6 +13,12 @@ replicas in Monarch actors with kills, minutes on a small CPU box).
 
     python bench/bench_dashboard.py                 # synthetic + stress, with and without UI
     python bench/bench_dashboard.py --real --seconds 60
+    python bench/bench_dashboard.py --groups 2,8,16,32 --label after --json bench/results/dashboard_scale.json
+
+``--groups`` measures only the dashboard at each number of replica groups (synthetic run, group
+size 1, a training-like step rate, ``--faults`` kills with overlapping recoveries) and writes one
+row per R: UI CPU share, iopub msgs/s, frames and CPU per panel. With ``--label`` the JSON file
+keeps the rows of other labels (e.g. ``before``/``after`` a change) and replaces this label's.
 """
 
 from __future__ import annotations
@@ -59,6 +65,9 @@ if {with_dash}:
     display(_dash)
 _t0, _c0 = time.monotonic(), time.process_time()
 _n0 = len(run.events)
+if _dash is not None:  # what the dashboard cost before the window (history, first frames)
+    _s0 = (_dash.stats.flusher_cpu_s, _dash.stats.observer_cpu_s, dict(_dash.stats.renders),
+           dict(_dash.stats.cpu_s), _dash.stats.total_messages)
 def _faults():
     period = {seconds} / ({faults} + 1)
     for i in range({faults}):
@@ -77,9 +86,12 @@ _res = dict(wall=_wall, kernel_cpu=_cpu, events=_events,
             recoveries=sum(1 for e in run.events if e.kind == "rejoined"))
 if _dash is not None:
     s = _dash.stats
-    _res.update(flusher_cpu=s.flusher_cpu_s, observer_cpu=s.observer_cpu_s, widget_msgs=s.total_messages,
+    _res.update(flusher_cpu=s.flusher_cpu_s - _s0[0], observer_cpu=s.observer_cpu_s - _s0[1],
+                widget_msgs=s.total_messages - _s0[4],
                 plot_render_ms=1000 * s.plot_render_s, plot_interval_s=s.plot_interval_s,
-                panel_cpu=dict(s.cpu_s), renders=dict(s.renders))
+                overhead_share=getattr(s, "overhead_share", None),
+                panel_cpu={p: v - _s0[3][p] for p, v in s.cpu_s.items()},
+                renders={p: v - _s0[2][p] for p, v in s.renders.items()})
     _dash.close(final_flush=False)
 run.stop()
 print("BENCH " + json.dumps(_res))
@@ -142,6 +154,60 @@ def measure(scenario: str, *, with_dash: bool, seconds: float, faults: int, **pa
     return res
 
 
+def _commit() -> str:
+    import subprocess
+
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
+                              text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", "monarch_nb", "bench"],
+                               cwd=REPO, capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return head + ("+dirty" if dirty else "")
+
+
+def scale(groups: list[int], *, seconds: float, faults: int, step_hz: float, phase_s: float,
+          label: str | None) -> list[dict]:
+    """The dashboard alone at each R: one row per number of replica groups (see module doc)."""
+    rows = []
+    commit = _commit()
+    for replicas in groups:
+        print(f"measuring the dashboard at {replicas} groups ...", file=sys.stderr, flush=True)
+        r = measure("synthetic", with_dash=True, seconds=seconds, faults=faults, replicas=replicas,
+                    group_size=1, step_hz=step_hz, phase_s=phase_s)
+        wall = r["wall"]
+        rows.append(dict(
+            label=label, commit=commit, replicas=replicas, group_size=1, step_hz=step_hz, phase_s=phase_s,
+            faults=faults, recoveries=r["recoveries"], window_s=seconds, wall_s=round(wall, 2),
+            events_per_s=round(r["events_per_s"], 1),
+            ui_cpu_pct=round(100 * (r["flusher_cpu"] + r["observer_cpu"]) / wall, 3),
+            flusher_cpu_pct=round(100 * r["flusher_cpu"] / wall, 3),
+            observer_cpu_pct=round(100 * r["observer_cpu"] / wall, 3),
+            kernel_cpu_pct=round(100 * r["kernel_cpu"] / wall, 2),
+            iopub_per_s=round(r["iopub_per_s"], 2), iopub_peak_1s=r["iopub_peak_1s"],
+            iopub_kb_per_s=round(r["iopub_kb_per_s"], 1),
+            renders_per_s={p: round(n / wall, 2) for p, n in r["renders"].items()},
+            ms_per_render={p: round(1000 * r["panel_cpu"][p] / n, 3) if n else None
+                           for p, n in r["renders"].items()},
+            plot_interval_s=round(r["plot_interval_s"], 2),
+            outside_frames_pct=None if r["overhead_share"] is None else round(100 * r["overhead_share"], 3)))
+    return rows
+
+
+def _print_scale(rows: list[dict]) -> None:
+    head = (f"{'R':>3} {'events/s':>9} {'UI CPU':>7} {'observer':>8} {'iopub/s':>8} "
+            f"{'health ms':>9} {'health/s':>8} {'plot ms':>8} {'plot/s':>7} {'timeline ms':>11}")
+    print(head)
+    print("-" * len(head))
+    for r in rows:
+        ms, hz = r["ms_per_render"], r["renders_per_s"]
+        print(f"{r['replicas']:>3} {r['events_per_s']:>9.1f} {r['ui_cpu_pct']:>6.2f}% {r['observer_cpu_pct']:>7.2f}% "
+              f"{r['iopub_per_s']:>8.1f} {ms['health'] or 0:>9.2f} {hz['health']:>8.2f} {ms['plot'] or 0:>8.1f} "
+              f"{hz['plot']:>7.2f} {ms['timeline'] or 0:>11.2f}")
+    print("\nUI CPU = dashboard flusher thread + store observer CPU time / wall time, % of one core.")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seconds", type=float, default=20.0, help="measured window per scenario")
@@ -149,7 +215,23 @@ def main() -> None:
     ap.add_argument("--real", action="store_true", help="also measure a real FTRun (slow)")
     ap.add_argument("--only-real", action="store_true")
     ap.add_argument("--json", type=Path, help="also write the rows as JSON")
+    ap.add_argument("--groups", help="comma-separated numbers of replica groups: the dashboard's cost per R only")
+    ap.add_argument("--step-hz", type=float, default=3.0, help="steps/s per group with --groups")
+    ap.add_argument("--phase-s", type=float, default=3.0, help="recovery phase scale with --groups")
+    ap.add_argument("--label", help="with --groups and --json: keep other labels' rows in the file")
     args = ap.parse_args()
+
+    if args.groups:
+        groups = [int(g) for g in args.groups.split(",")]
+        rows = scale(groups, seconds=args.seconds, faults=args.faults, step_hz=args.step_hz,
+                     phase_s=args.phase_s, label=args.label)
+        _print_scale(rows)
+        if args.json:
+            keep = []
+            if args.label and args.json.exists():
+                keep = [r for r in json.loads(args.json.read_text()) if r.get("label") != args.label]
+            args.json.write_text(json.dumps(keep + rows, indent=2) + "\n")
+        return
 
     scenarios = []
     if not args.only_real:

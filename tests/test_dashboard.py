@@ -553,3 +553,83 @@ def test_the_log_panel_folds_the_workers_lines_and_reads_only_what_was_appended(
     finally:
         dash.close()
         store.close()
+
+
+# ---- many groups ----------------------------------------------------------------------------
+
+
+def test_a_step_of_32_groups_redraws_only_the_panels_it_changed_once_a_frame():
+    from monarch_nb.notebook.dashboard_model import CONTROLS, HEADER, HEALTH, LOGS, PLOT, QUORUM, TIMELINE
+
+    store = store_of(healthy_run(replicas=32, group_size=1))
+    d = Dashboard(store, heartbeat_interval_s=0)  # no run attached: nothing ticks on its own
+
+    def settled() -> dict:
+        wait_for(lambda: not d._dirty, 10, "the flusher to take every dirty panel")
+        with d._render_lock:  # a frame in progress ends first
+            assert not d._dirty
+            return dict(d.stats.renders)
+
+    try:
+        before = settled()
+        with d._render_lock:  # the flusher cannot draw until the whole step (32 events) is in
+            for r in range(32):
+                store.append(Step(t=T0 + 20, replica=r, step=10, loss=2.0, tokens_per_s=1.0, committed=True,
+                                  quorum_id=1, participants=32))
+        after = settled()
+        drawn = {p: after[p] - before[p] for p in after}
+        # One frame with the step, at most one more for events that came while it was drawn;
+        # never one per event, and none for panels a step cannot change.
+        assert all(1 <= drawn[p] <= 2 for p in (HEALTH, QUORUM, PLOT)), drawn
+        assert all(drawn[p] == 0 for p in (HEADER, TIMELINE, CONTROLS, LOGS)), drawn
+        assert d.health.value.count("class='mnb-cell ") == 32 and "data-step='10'" in d.health.value
+
+        store.append(FailureDetected(t=T0 + 21, replica=5, rank=0, reason="SIGKILL"))
+        store.append(ReplicaState(t=T0 + 21, replica=5, state="failed", detail="SIGKILL"))
+        again = settled()
+        drawn = {p: again[p] - after[p] for p in again}
+        assert drawn[HEALTH] >= 1 and drawn[TIMELINE] >= 1 and drawn[QUORUM] == drawn[HEADER] == 0, drawn
+        assert "data-replica='5' data-rank='0' data-state='failed'" in d.health.value
+    finally:
+        d.close(final_flush=False)
+
+
+def test_32_groups_are_a_compact_grid_that_lists_the_groups_not_training_in_words():
+    evs = healthy_run(replicas=32, group_size=1) + kill_and_recover(replica=7)
+    evs += [FaultInjected(t=T0 + 30, fault="kill", replica=5, rank=0, step=12),
+            FailureDetected(t=T0 + 30.5, replica=5, rank=0, reason="SIGKILL", detection_s=0.5),
+            ReplicaState(t=T0 + 30.5, replica=5, state="failed", detail="SIGKILL"),
+            GaveUp(t=T0 + 31, replica=5, attempts=3)]
+    m = model_of(evs)
+    assert m.training == 31 and m.live_series[-1][1] == 31
+    html = health_html(m.health_cells(T0 + 40))
+    assert "data-compact='true'" in html and html.count("class='mnb-cell ") == 32
+    assert "data-replica='5' data-rank='0' data-state='failed'" in html
+    assert "data-replica='7' data-rank='0' data-state='training'" in html
+    (down,) = html.split("class='mnb-down' ")[1:]  # only the group that is down is named
+    assert "data-replica='5'" in down and "FAILED" in down and "gave up after 3 attempts" in down
+    assert "31 training" in html and "1 FAILED" in html
+    # a few groups keep the big cells (step and heartbeat age written in each)
+    small = model_of(healthy_run(replicas=3, group_size=2))
+    assert "data-compact='false'" in health_html(small.health_cells(T0 + 40))
+
+
+def test_32_groups_share_one_plot_legend_entry_and_the_timeline_shows_the_last_recoveries():
+    from monarch_nb.notebook.dashboard_render import LossPlot, plot_legend_html, timeline_html
+
+    evs = healthy_run(replicas=32, group_size=1)
+    evs += [FaultInjected(t=T0 + 15, fault="kill", replica=31, rank=0, step=10)]  # the first, never over
+    for i in range(14):  # then 14 recoveries, one after the other
+        evs += kill_and_recover(replica=i, at=T0 + 20 + 10 * i)
+    m = model_of(evs)
+    caption = plot_legend_html(m.plot_data())
+    assert "each of 32 groups" in caption and "group 17" not in caption
+    plot = LossPlot()
+    assert plot.render(m.plot_data(), legend=False).startswith(b"\x89PNG")
+    assert len(plot._many.get_xdata()) == 32 * 10 + 31  # every group's points, NaN between groups
+    timeline = timeline_html(m, last_recoveries=10)
+    # the last 10, and the one still in progress however old
+    assert "data-count='15' data-shown='11'" in timeline and "4 earlier recoveries not shown" in timeline
+    assert "data-index='0' data-replica='31'" in timeline and "data-index='14' data-replica='13'" in timeline
+    assert "data-index='4' " not in timeline and "data-index='5' " in timeline
+    assert recoveries_html(m.recoveries, m.started_t, bars=False).count("class='mnb-recovery'") == 15

@@ -21,8 +21,10 @@ extension beyond ipywidgets (works in JupyterLab, Notebook 7, VS Code and in sav
 state), the same PNG is the static fallback for headless runs, and drawing happens in the
 kernel where we can bound it. Every panel measures the CPU time of its frames (render + send)
 and waits long enough between frames to stay within its part of ``cpu_share`` (default 3% of
-a core), so the UI's cost is bounded whatever the event rate; the plot redraws every one to a
-few seconds, the health grid up to ``max_hz``. ipympl would cost
+a core); what the UI spends outside frames (the store observer on the writers' threads, which
+grows with the event rate, and the flusher's own scheduling) is measured too and comes off
+that budget first, so the UI's whole cost is bounded whatever the event rate or the number of
+groups; the plot redraws every one to a few seconds, the health grid up to ``max_hz``. ipympl would cost
 the same rendering plus a frontend round trip per frame (and stays blank under nbclient);
 bqplot would add a dependency and ~1 MB of JavaScript.
 """
@@ -82,6 +84,7 @@ class DashboardStats:
     flusher_cpu_s: float = 0.0  # CPU time of the flusher thread
     plot_render_s: float = 0.0  # smoothed CPU seconds of one plot render
     plot_interval_s: float = 0.0  # current adaptive minimum interval between plot redraws
+    overhead_share: float = 0.0  # CPU share spent outside frames (observer, scheduling), see _update_overhead
 
     @property
     def total_messages(self) -> int:
@@ -113,6 +116,9 @@ class Dashboard:
         self.max_hz = float(max_hz)
         self.cpu_share = float(cpu_share)
         self._cost: dict[str, float] = {p: 0.0 for p in PANELS}
+        self._overhead = 0.0  # CPU share the UI spends outside frames (see _update_overhead)
+        self._overhead_mark: tuple[float, float] | None = None
+        self._flusher_frames_s = 0.0  # CPU time of the frames the flusher thread drew
         self.max_plot_interval_s = float(max_plot_interval_s)
         self.heartbeat_interval_s = float(heartbeat_interval_s)
         self._clock = clock
@@ -286,7 +292,7 @@ class Dashboard:
         more often than keeps the panel within its share of the CPU budget (capped so that a
         slow machine still sees updates)."""
         base = 1.0 / self.max_hz
-        share = self.cpu_share * CPU_SPLIT[panel]
+        share = max(self.cpu_share - self._overhead, self.cpu_share / 2) * CPU_SPLIT[panel]
         if share <= 0:
             return base
         cap = self.max_plot_interval_s if panel == PLOT else max(base, 2.0)
@@ -336,6 +342,23 @@ class Dashboard:
             except Exception as exc:  # a rendering bug must not kill live updates
                 self._report_error(exc)
             self.stats.flusher_cpu_s = base + time.thread_time() - cpu0
+            with self._lock:
+                self._update_overhead(time.monotonic())
+
+    def _update_overhead(self, now: float) -> None:
+        """Under the lock: re-estimate (at most once a second) the CPU share the UI spends
+        outside frames: the store observer on the writers' threads (it grows with the event
+        rate, so with the number of groups) and the flusher's waking and scheduling. The
+        frames get what remains of ``cpu_share`` (at least half of it)."""
+        outside = self.stats.observer_cpu_s + max(0.0, self.stats.flusher_cpu_s - self._flusher_frames_s)
+        if self._overhead_mark is None:
+            self._overhead_mark = (now, outside)
+            return
+        t0, before = self._overhead_mark
+        if now - t0 >= 1.0:
+            self._overhead = 0.5 * self._overhead + 0.5 * (outside - before) / (now - t0)
+            self._overhead_mark = (now, outside)
+            self.stats.overhead_share = self._overhead
 
     def _report_error(self, exc: BaseException) -> None:
         try:
@@ -400,6 +423,8 @@ class Dashboard:
                     self._set(p, self.plot_caption, render.plot_legend_html(data) + strip)
                 cost[p] += time.thread_time() - c0
             with self._lock:
+                if threading.current_thread() is self._thread:
+                    self._flusher_frames_s += sum(cost.values())
                 for p in panels:
                     self._record_cost(p, cost[p])
                     self.stats.cpu_s[p] += cost[p]

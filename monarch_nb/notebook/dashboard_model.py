@@ -189,6 +189,9 @@ class DashboardModel:
         self._recovery: Recovery | None = None  # what the event being applied changed
         self.identical: tuple[int, bool] | None = None
         self.live_series: list[tuple[float, int]] = []  # (t, groups training) at every change
+        self.training = 0  # groups in state "training" now (kept by _set_state: no scan per event)
+        self._unseen: set[int] = set()  # groups with a failure not drawn yet (see mark_drawn)
+        self._points = 0  # loss points of every group (see point_count)
         self.spares: dict[int, tuple[str, str]] = {}  # warm spare -> (state, detail), while it waits
         self.log: deque[LogLine] = deque(maxlen=log_size)
         self.events_seen = 0
@@ -224,10 +227,12 @@ class DashboardModel:
         return rec
 
     def _set_state(self, rec: ReplicaRecord, state: str, detail: str = "") -> None:
+        self.training += (state == "training") - (rec.state == "training")
         rec.state = state
         rec.detail = detail
         if state in ("failed", "gave_up"):
             rec.unseen_failure = detail or rec.unseen_failure or "failed"
+            self._unseen.add(rec.replica)
             rec.down_reason = detail or rec.down_reason or "failed"
         elif state in ("training", "stopped", "finished"):
             rec.unseen_failure = None
@@ -280,9 +285,8 @@ class DashboardModel:
         new_replica = rec.state == "starting" and rec.steps_attempted == 0
         self._set_state(rec, e.state, e.detail)
         changed = {HEALTH, CONTROLS} if new_replica else {HEALTH}
-        live = sum(1 for r in self.replicas.values() if r.state == "training")
-        if not self.live_series or self.live_series[-1][1] != live:
-            self.live_series.append((e.t, live))
+        if not self.live_series or self.live_series[-1][1] != self.training:
+            self.live_series.append((e.t, self.training))
             changed.add(PLOT)
         return changed
 
@@ -310,6 +314,7 @@ class DashboardModel:
         rec.last_loss = e.loss
         rec.tokens_per_s = e.tokens_per_s
         self.loss.setdefault(e.replica, []).append((e.step, e.loss, e.committed))
+        self._points += 1
         changed = {HEALTH, QUORUM, PLOT}
         if e.committed:
             rec.steps_committed += 1
@@ -500,10 +505,12 @@ class DashboardModel:
         Returns True when a drawn failure is already stale (the grid needs another frame).
         """
         stale = False
-        for rec in self.replicas.values():
+        for replica in self._unseen:
+            rec = self.replicas[replica]
             if rec.unseen_failure is not None:
                 stale |= rec.state != "failed"
                 rec.unseen_failure = None
+        self._unseen.clear()
         return stale
 
     def quorum_summary(self) -> QuorumSummary:
@@ -519,7 +526,7 @@ class DashboardModel:
         return [(s, self._global_sum[s][0] / self._global_sum[s][1]) for s in steps]
 
     def point_count(self) -> int:
-        return sum(len(v) for v in self.loss.values())
+        return self._points
 
     def plot_data(self, limit: int = 600) -> PlotData:
         """A sampled copy for the plot: O(limit) per group whatever the run's length."""
@@ -552,6 +559,8 @@ def _sample_with_gaps(points: list[tuple[int, float]], gaps: list[int], limit: i
     if n == 0:
         return []
     stride = max(1, -(-n // limit))
+    if stride == 1 and not gaps:
+        return list(points)
     keep = set(range(0, n, stride)) | {n - 1}
     for g in gaps:
         keep.update((g - 1, g))

@@ -12,18 +12,31 @@ carries ``mnb-*`` classes and ``data-*`` attributes so tests (and users' CSS) ca
 from __future__ import annotations
 
 import base64
+import bisect
 import html
 import io
+import itertools
+import math
 import time
 from typing import Any, Iterable
 
+from ..ft.groups import GROUP_STATES
 from ..ft.recovery import PHASES, Recovery
 from .dashboard_model import DashboardModel, HealthCell, LogLine, PlotData, QuorumSummary, fmt_bytes
 from .palette import STATE_STYLES, style_of
 
+SPARE_STATES = ("building", "ready")  # a warm spare waiting outside the quorum (monarch_nb.ft.spares)
 # Okabe-Ito palette: distinguishable with the common colour-vision deficiencies.
 REPLICA_COLOURS = ("#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#F0E442", "#999999")
 GLOBAL_COLOUR = "#000000"
+# More groups than colours: every group is one thin line of this colour (all drawn as one
+# artist), the committed global loss stands out on top, markers say which group.
+MANY_COLOUR = "#7f9bb3"
+
+
+def many_groups(n: int) -> bool:
+    """Whether ``n`` groups are too many for one colour each (colours would repeat)."""
+    return n > len(REPLICA_COLOURS)
 
 
 def _e(s: object) -> str:
@@ -107,10 +120,10 @@ def _cell_html(c: HealthCell) -> str:
 
 
 def legend_html() -> str:
+    """The states a group (or a warm spare) can be in; process and call states are not shown here."""
     items = []
-    for state, st in STATE_STYLES.items():
-        if state == "unknown":
-            continue
+    for state in (*GROUP_STATES, *SPARE_STATES):
+        st = style_of(state)
         items.append(f"<span style='background:{st.background};color:{st.foreground};padding:0 4px;"
                      f"border-radius:3px;margin-right:4px;white-space:nowrap'>{_e(st.glyph)} {_e(st.label)}</span>")
     # width:0 + min-width:100%: as wide as the grid above, never widening it; wraps inside.
@@ -131,14 +144,99 @@ def spares_html(spares: dict[int, tuple[str, str]]) -> str:
     return f"<div class='mnb-spares' style='margin-top:4px;font-size:12px'>{''.join(items)}</div>"
 
 
-def health_html(cells: list[HealthCell], spares: dict[int, tuple[str, str]] | None = None) -> str:
+# More processes than this: the grid shows one small tile per process (state glyph, group
+# number, colour; the rest on hover) and lists the groups that are not training in words.
+COMPACT_CELLS = 12
+TILES_PER_ROW = 8
+# Group states the compact grid's list names group by group (the others are only counted).
+_QUIET_STATES = ("training", "stopped", "finished", "retired")
+DOWN_LISTED = 8  # groups the compact list names; more are counted
+
+
+def _tile_html(c: HealthCell, group_size: int) -> str:
+    st = c.style
+    name = f"{c.replica}.{c.rank}" if group_size > 1 else str(c.replica)
+    step = "-" if c.last_committed_step is None else str(c.last_committed_step)
+    text = _e(c.text)
+    return (f"<div class='mnb-cell mnb-state-{_e(c.state)}' data-replica='{c.replica}' data-rank='{c.rank}' "
+            f"data-state='{_e(c.state)}' data-step='{step}' title='{text}' role='status' aria-label='{text}' "
+            f"style='background:{st.background};color:{st.foreground};border-radius:3px;padding:1px 3px;"
+            f"min-width:38px;text-align:center;white-space:nowrap;font-family:sans-serif;font-size:12px;"
+            f"line-height:1.5'>{_e(st.glyph)} {name}</div>")
+
+
+def _badge(st: Any, text: str) -> str:
+    return (f"<span style='background:{st.background};color:{st.foreground};padding:0 4px;border-radius:3px;"
+            f"white-space:nowrap'>{text}</span>")
+
+
+def health_summary_html(cells: list[HealthCell]) -> str:
+    """Under the compact grid: processes per state, the committed-step spread, the oldest
+    heartbeat, and each group that is not training (or stopped/finished) with why, in words."""
+    counts: dict[str, int] = {}
+    groups: dict[int, list[HealthCell]] = {}
+    steps = [c.last_committed_step for c in cells if c.last_committed_step is not None]
+    oldest: HealthCell | None = None
+    for c in cells:
+        counts[c.state] = counts.get(c.state, 0) + 1
+        groups.setdefault(c.replica, []).append(c)
+        if c.heartbeat_age_s is not None and (oldest is None or c.heartbeat_age_s > oldest.heartbeat_age_s):
+            oldest = c
+    order = list(STATE_STYLES)
+    states = sorted(counts, key=lambda s: order.index(s) if s in order else len(order))
+    who = f"{len(groups)} groups" + ("" if len(cells) == len(groups) else f", {len(cells)} processes")
+    line = " ".join(_badge(style_of(s), f"{_e(style_of(s).glyph)} {counts[s]} {_e(style_of(s).label)}")
+                    for s in states)
+    facts = []
+    if steps:
+        low, high = min(steps), max(steps)
+        facts.append(f"committed step {low}" if low == high else f"committed step {low}&ndash;{high}")
+    if oldest is not None and oldest.heartbeat_age_s >= 2.0:
+        facts.append(f"oldest heartbeat {oldest.heartbeat_age_s:.0f} s ago (group {oldest.replica})")
+    elif oldest is not None:
+        facts.append("every group heard from within 2 s")
+    down = [(r, g) for r, g in groups.items() if g[0].state not in _QUIET_STATES]
+    items = []
+    for replica, group in down[:DOWN_LISTED]:
+        c, st = group[0], group[0].style
+        details = list(dict.fromkeys(x.detail for x in group if x.detail))
+        if len(details) > 1:  # a failed group: the dead rank says why, the others only that it is down
+            details = [d for d in details if not d.startswith("group down")] or details
+        step = "-" if c.last_committed_step is None else str(c.last_committed_step)
+        items.append(f"<div class='mnb-down' data-replica='{replica}' data-state='{_e(c.state)}'>"
+                     f"{_badge(st, f'{_e(st.glyph)} {_e(st.label)}')} group {replica} &middot; step {step}"
+                     + "".join(f" &middot; {_e(d)}" for d in details) + "</div>")
+    if len(down) > DOWN_LISTED:
+        items.append(f"<div class='mnb-down-more'>and {len(down) - DOWN_LISTED} more groups not training "
+                     f"(hover a tile for its state)</div>")
+    return (f"<div class='mnb-health-summary' data-down='{len(down)}' style='width:0;min-width:100%;"
+            f"font-family:sans-serif;font-size:12px;line-height:1.7;margin-top:4px;white-space:normal'>"
+            f"<div>{who}: {line}</div>"
+            f"<div style='color:#555'>{' &middot; '.join(facts)}</div>{''.join(items)}</div>")
+
+
+def health_html(cells: list[HealthCell], spares: dict[int, tuple[str, str]] | None = None, *,
+                compact: bool | None = None) -> str:
+    """The health grid: one cell per process with its state, step and heartbeat; with more
+    than ``COMPACT_CELLS`` processes (or ``compact=True``) a tile per process, wrapped
+    ``TILES_PER_ROW`` to a row (whole groups to a row), and the groups not training listed."""
     if not cells:
         return "<div class='mnb-health' data-cells='0'><i>no processes yet</i></div>"
-    columns = max(c.rank for c in cells) + 1
-    body = "".join(_cell_html(c) for c in cells)
-    return (f"<div class='mnb-health' data-cells='{len(cells)}' style='display:inline-block;min-width:250px'>"
-            f"<div style='display:grid;grid-template-columns:repeat({columns},max-content);gap:4px'>{body}</div>"
-            f"{spares_html(spares or {})}{legend_html()}</div>")
+    group_size = max(c.rank for c in cells) + 1
+    if compact is None:
+        compact = len(cells) > COMPACT_CELLS
+    if compact:
+        columns = group_size * max(1, TILES_PER_ROW // group_size)
+        body = "".join(_tile_html(c, group_size) for c in cells)
+        gap, extra = "3px", health_summary_html(cells)
+    else:
+        columns = group_size
+        body = "".join(_cell_html(c) for c in cells)
+        gap, extra = "4px", ""
+    return (f"<div class='mnb-health' data-cells='{len(cells)}' data-compact='{str(compact).lower()}' "
+            f"style='display:inline-block;min-width:250px'>"
+            f"<div style='display:grid;grid-template-columns:repeat({columns},max-content);gap:{gap}'>{body}</div>"
+            f"{extra}{spares_html(spares or {})}{legend_html()}</div>")
 
 
 def live_groups_svg(series: list[tuple[float, int]], t0: float | None, end: float, width: int = 600,
@@ -157,8 +255,12 @@ def live_groups_svg(series: list[tuple[float, int]], t0: float | None, end: floa
         points.append(f"{x(t):.1f},{y(n):.1f}")
         last = n
     points.append(f"{x(end):.1f},{y(last):.1f}")
+    labels: list[int] = []  # 0, the top, and the levels seen, each at least a label's height apart
+    for n in [top, 0, *sorted({n for _, n in series}, reverse=True)]:
+        if all(abs(y(n) - y(m)) >= 9 for m in labels):
+            labels.append(n)
     ticks = "".join(f"<text x='26' y='{y(n) + 3:.1f}' font-size='9' text-anchor='end'>{n}</text>"
-                    for n in sorted({0, top, *(n for _, n in series)}))
+                    for n in sorted(labels))
     return (f"<svg class='mnb-live-groups' data-max='{top}' data-now='{series[-1][1]}' width='{width}' "
             f"height='{height}' role='img' aria-label='groups training over time, now {series[-1][1]}'>"
             f"<text x='{width // 2}' y='{height - 2}' font-size='9' text-anchor='middle'>groups training "
@@ -208,12 +310,23 @@ PHASE_COLOURS = {"detect": "#d32f2f", "teardown": "#8d6e63", "acquire": "#f9a825
 PHASE_NOTES = {"teardown": "stop", "acquire": "spawn", "heal": "transfer"}
 
 
-def recoveries_html(recoveries: list[Recovery], t0: float | None, *, bars: bool = True) -> str:
+def recoveries_html(recoveries: list[Recovery], t0: float | None, *, bars: bool = True,
+                    last: int | None = None) -> str:
+    """One row per failure and its recovery; with ``last`` only the last ``last`` rows and
+    every recovery still in progress (a run of many groups fails often: the live table, and
+    the cost of drawing it, stay bounded; the static copy lists all)."""
     if not recoveries:
         return "<div class='mnb-recoveries' data-count='0'><i>no failures so far</i></div>"
+    first = 0 if last is None else max(0, len(recoveries) - last)
+    shown = [(i, r) for i, r in enumerate(recoveries) if i >= first or not r.finished]
     rows = []
-    longest = max((r.total_s or sum(p.duration_s or 0.0 for p in r.phases())) for r in recoveries) or 1.0
-    for i, r in enumerate(recoveries):
+    if len(shown) < len(recoveries):
+        rows.append(f"<tr class='mnb-recoveries-earlier'><td colspan='{len(PHASES) + 6 + bool(bars)}' "
+                    f"style='color:#666'>{len(recoveries) - len(shown)} earlier recoveries not shown "
+                    f"(the static copy, <code>show_static()</code>, lists all {len(recoveries)})"
+                    f"</td></tr>")
+    longest = max((r.total_s or sum(p.duration_s or 0.0 for p in r.phases())) for _, r in shown) or 1.0
+    for i, r in shown:
         phases = r.phases()
         cells = "".join(
             f"<td class='mnb-phase' data-phase='{p.name}' data-seconds='{'' if p.duration_s is None else f'{p.duration_s:.3f}'}'>"
@@ -245,10 +358,10 @@ def recoveries_html(recoveries: list[Recovery], t0: float | None, *, bars: bool 
                         f"margin:0'>{_e(r.stack)}</pre></details></td></tr>")
     bar_head = "<th>timeline</th>" if bars else ""
     phase_heads = "".join(f"<th>{name}</th>" for name in PHASES)
-    return ("<div class='mnb-recoveries' data-count='%d'><table border='1' style='border-collapse:collapse;"
-            "font-family:sans-serif;font-size:12px'><thead><tr><th>group</th><th>fault</th><th>at</th>"
+    return ("<div class='mnb-recoveries' data-count='%d' data-shown='%d'><table border='1' style='border-collapse:"
+            "collapse;font-family:sans-serif;font-size:12px'><thead><tr><th>group</th><th>fault</th><th>at</th>"
             "%s<th>total</th><th>status</th><th>state copied</th>%s</tr></thead><tbody>%s</tbody></table></div>"
-            % (len(recoveries), phase_heads, bar_head, "".join(rows)))
+            % (len(recoveries), len(shown), phase_heads, bar_head, "".join(rows)))
 
 
 def logs_html(lines: list[Any], log_dir: Any, *, scroll: bool = True) -> str:
@@ -269,14 +382,27 @@ def events_html(lines: Iterable[LogLine], t0: float | None, *, scroll: bool = Tr
             f"padding-left:18px;{box}'>{items or '<li><i>no events</i></li>'}</ul>")
 
 
-def timeline_html(model: DashboardModel, last_events: int = 12) -> str:
+def timeline_html(model: DashboardModel, last_events: int = 12, last_recoveries: int = 10) -> str:
     t0 = model.started_t
-    return (recoveries_html(model.recoveries, t0)
+    return (recoveries_html(model.recoveries, t0, last=last_recoveries)
             + "<div style='font-size:12px;margin-top:4px'><b>events</b></div>"
             + events_html(sorted(model.event_log(last_events), key=lambda line: line.t, reverse=True), t0))
 
 
 # ---- loss plot --------------------------------------------------------------------------
+
+
+def _flat_xy(groups: list[list[tuple[float, float]]], *, gap: bool) -> Any:
+    """The points of every group as one (n, 2) array, with a NaN row between groups when
+    ``gap`` (one line artist draws them all, broken between groups)."""
+    import numpy as np
+
+    points: list[tuple[float, float]] = []
+    for pts in groups:
+        if gap and points:
+            points.append((math.nan, math.nan))
+        points.extend(pts)
+    return np.fromiter(itertools.chain.from_iterable(points), float, count=2 * len(points)).reshape(-1, 2)
 
 
 class LossPlot:
@@ -303,6 +429,9 @@ class LossPlot:
         ax = self.ax = self.fig.add_subplot()
         ax.set_xlabel("step")
         ax.set_ylabel("loss")
+        # Fixed label positions: placing them from the tick labels' extents costs a sixth of a frame.
+        ax.xaxis.set_label_coords(0.5, -0.12)
+        ax.yaxis.set_label_coords(-0.075, 0.5)
         ax.grid(True, alpha=0.3)
         self.heading = self.fig.text(0.5, 0.955, "", ha="center", va="center", fontsize=10)
         self._lines: dict[int, Any] = {}
@@ -317,6 +446,9 @@ class LossPlot:
                         for k, st in self.MARKER_STYLE.items()}
         for lc in self._vlines.values():
             ax.add_collection(lc, autolim=False)
+        # Many groups: all lines as one artist (a NaN between groups), all dropped steps as one.
+        (self._many,) = ax.plot([], [], lw=0.8, color=MANY_COLOUR, alpha=0.8, label="each group")
+        self._many_dropped = ax.scatter([], [], s=10, facecolors="none", edgecolors=MANY_COLOUR, linewidths=0.7)
         self._legend_key: tuple = ()
 
     def _replica_artists(self, replica: int) -> tuple[Any, Any]:
@@ -334,15 +466,27 @@ class LossPlot:
 
         ax = self.ax
         series = data.committed
-        for replica, committed in series.items():
-            line, dropped = self._replica_artists(replica)
-            line.set_data(*(zip(*committed) if committed else ([], [])))
-            dropped.set_offsets(np.array(data.dropped.get(replica, []), dtype=float).reshape(-1, 2))
+        many = many_groups(len(series))
+        if many:  # one artist for every group: its cost does not grow with the number of groups
+            for line, dropped in zip(self._lines.values(), self._dropped.values()):
+                line.set_data([], [])
+                dropped.set_offsets(np.empty((0, 2)))
+            xy = _flat_xy([pts for pts in series.values() if pts], gap=True)
+            self._many.set_data(xy[:, 0], xy[:, 1])
+            self._many_dropped.set_offsets(_flat_xy([pts for pts in data.dropped.values() if pts], gap=False))
+        else:
+            self._many.set_data([], [])
+            self._many_dropped.set_offsets(np.empty((0, 2)))
+            for replica, committed in series.items():
+                line, dropped = self._replica_artists(replica)
+                line.set_data(*(zip(*committed) if committed else ([], [])))
+                dropped.set_offsets(np.array(data.dropped.get(replica, []), dtype=float).reshape(-1, 2))
         glob = data.global_loss
         self._global.set_data(*(zip(*glob) if glob else ([], [])))
         self._update_markers(data)
-        shown = tuple(sorted(series)) + tuple(k for k in self.MARKER_STYLE
-                                                  if any(m.kind == k for m in data.markers))
+        kinds = {m.kind for m in data.markers}
+        groups = (f"{len(series)} groups",) if many else tuple(sorted(series))
+        shown = groups + tuple(k for k in self.MARKER_STYLE if k in kinds)
         if not legend:
             shown = ()
         if shown != self._legend_key:
@@ -350,8 +494,10 @@ class LossPlot:
             if ax.get_legend() is not None:
                 ax.get_legend().remove()
             if shown:
-                handles = [self._lines[r] for r in sorted(series)] + [self._global] + \
-                    [self._marks[k] for k in self.MARKER_STYLE if k in shown]
+                if many:
+                    self._many.set_label(f"each of {len(series)} groups")
+                lines = [self._many] if many else [self._lines[r] for r in sorted(series)]
+                handles = lines + [self._global] + [self._marks[k] for k in self.MARKER_STYLE if k in shown]
                 ax.legend(handles=handles, loc="upper right", fontsize=8, ncol=2, framealpha=0.8)
         ax.relim()
         ax.autoscale_view()
@@ -364,15 +510,35 @@ class LossPlot:
 
         series = data.committed
         glob = dict(data.global_loss)
+        curves: dict[int, tuple[list[float], list[float], bool]] = {}
+
+        def curve(replica: int) -> tuple[list[float], list[float], bool]:
+            """The group's steps and losses without the NaN breaks, and whether the steps only
+            go up (a run restarted from a checkpoint repeats steps); once per frame."""
+            if replica not in curves:
+                pts = [(s, l) for s, l in series.get(replica, []) if s == s]
+                steps = [s for s, _ in pts]
+                curves[replica] = (steps, [l for _, l in pts], all(a <= b for a, b in zip(steps, steps[1:])))
+            return curves[replica]
 
         def y_at(replica: int, step: int, after: bool) -> float | None:
             """The group's loss at its last point up to ``step`` (a fault) or its first point
-            from ``step`` on (a heal: the group has no points while it was down)."""
-            pts = series.get(replica, [])
-            if after:
-                best = next((l for s, l in pts if s >= step), None)
+            from ``step`` on (a heal: the group has no points while it was down). A binary
+            search: markers grow with the run (and with the number of groups), points per
+            group are capped, so a frame costs O(markers x log points), not their product."""
+            steps, losses, ordered = curve(replica)
+            if not ordered:
+                pts = list(zip(steps, losses))
+                if after:
+                    best = next((l for s, l in pts if s >= step), None)
+                else:
+                    best = next((l for s, l in reversed(pts) if s <= step), None)
+            elif after:
+                i = bisect.bisect_left(steps, step)
+                best = losses[i] if i < len(steps) else None
             else:
-                best = next((l for s, l in reversed(pts) if s <= step), None)
+                i = bisect.bisect_right(steps, step)
+                best = losses[i - 1] if i > 0 else None
             return glob.get(step) if best is None else best
 
         for kind in self.MARKER_STYLE:
@@ -398,9 +564,13 @@ class LossPlot:
 def plot_legend_html(data: PlotData) -> str:
     """The plot's legend as HTML (the live view draws none in the image; see LossPlot.render)."""
     items = []
-    for replica in sorted(data.committed):
-        colour = REPLICA_COLOURS[replica % len(REPLICA_COLOURS)]
-        items.append(f"<span style='color:{colour};font-weight:bold'>&#x2501; group {replica}</span>")
+    if many_groups(len(data.committed)):
+        items.append(f"<span class='mnb-plot-groups' data-groups='{len(data.committed)}' style='color:{MANY_COLOUR};"
+                     f"font-weight:bold'>&#x2501; each of {len(data.committed)} groups</span>")
+    else:
+        for replica in sorted(data.committed):
+            colour = REPLICA_COLOURS[replica % len(REPLICA_COLOURS)]
+            items.append(f"<span style='color:{colour};font-weight:bold'>&#x2501; group {replica}</span>")
     items.append(f"<span style='color:{GLOBAL_COLOUR}'>&#x2504; committed (global)</span>")
     kinds = {m.kind for m in data.markers}
     glyphs = {"fault": ("&#x2716;", "fault injected"), "failure": ("&#x25bc;", "failure"),

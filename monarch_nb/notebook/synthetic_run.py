@@ -18,6 +18,7 @@ from typing import Callable
 from ..telemetry.events import (
     FailureDetected,
     FaultInjected,
+    GaveUp,
     Healed,
     Quorum,
     Rejoined,
@@ -74,7 +75,9 @@ class SyntheticRun:
         self._thread.start()
         return self
 
-    def inject(self, kind: str = "kill", replica: int = 0, rank: int = 0) -> None:
+    def inject(self, kind: str = "kill", replica: int = 0, rank: int = 0, *, give_up: bool = False) -> None:
+        """Fail ``replica``; it recovers through the usual phases, or with ``give_up`` the restart
+        policy gives up on it once the failure is detected (the group stays down)."""
         with self._lock:
             if self._state.get(replica) != "training":
                 raise RuntimeError(f"group {replica} is {self._state.get(replica)}, not training")
@@ -83,6 +86,9 @@ class SyntheticRun:
             self._state[replica] = "down"
         self.events.append(FaultInjected(fault=kind, replica=replica, rank=rank, step=step))
         p = self.phase_s
+        if give_up:
+            self._after(0.3 * p, lambda: self._give_up(replica, rank, kind, 0.3 * p))
+            return
         self._after(0.3 * p, lambda: self._detect(replica, rank, kind, 0.3 * p))
         self._after(1.3 * p, lambda: self._respawned(replica, 1.0 * p))
         self._after(1.5 * p, lambda: self._healed(replica, 0.2 * p))
@@ -94,7 +100,8 @@ class SyntheticRun:
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=10)
         for r in range(self.replicas):
-            self._set(r, "stopped")
+            if self._state.get(r) != "gave_up":  # a group given up on stays so
+                self._set(r, "stopped")
         self.events.append(RunStopped(run_id=self.run_id))
 
     def wait_for_step(self, step: int, timeout: float = 30.0) -> bool:
@@ -122,6 +129,16 @@ class SyntheticRun:
                                            detection_s=took))
         self._set(replica, "failed", f"{kind}")
         self._set(replica, "respawning")
+
+    def _give_up(self, replica: int, rank: int, kind: str, took: float) -> None:
+        self.events.append(FailureDetected(replica=replica, rank=rank, reason=f"{kind}: process died",
+                                           detection_s=took))
+        self._set(replica, "failed", f"{kind}")
+        self.events.append(GaveUp(replica=replica, attempts=3))
+        with self._lock:
+            self._state[replica] = "gave_up"
+            self._failed_at.pop(replica, None)
+        self._set(replica, "gave_up", "after 3 attempts in a row")
 
     def _respawned(self, replica: int, took: float) -> None:
         self.events.append(Respawned(replica=replica, attempt=1, seconds=took))

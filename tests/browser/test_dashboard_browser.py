@@ -143,3 +143,55 @@ def test_real_run_moves_the_dashboard_while_no_cell_runs(notebook):
     """notebooks/03_dashboard.ipynb: a real FTRun (2 groups here, to stay fast), a real SIGKILL."""
     _follow_a_kill(notebook, "03_dashboard.ipynb", "dashboard_real_run", timeout_s=300, params={"replicas": 2},
                    worker_logs=True)
+
+
+# Among DOM snapshots taken after the last cell finished: group ``victim`` drawn failed, later training.
+FAILED_THEN_TRAINING = """
+(victim) => {
+  const recs = window.__mnb.records;
+  const running = recs.filter(r => r.running);
+  if (!running.length) return null;
+  const idle = recs.filter(r => r.t > running[running.length - 1].t);
+  const state = r => (r.cells.find(c => c[0] === victim) || [])[2];
+  const fail = idle.findIndex(r => state(r) === 'failed');
+  if (fail < 0) return null;
+  const back = idle.findIndex((r, i) => i > fail && state(r) === 'training');
+  return back < 0 ? null : {failed_at: idle[fail].t, training_at: idle[back].t};
+}
+"""
+
+
+def test_dashboard_at_32_groups_shows_every_group_and_the_failed_ones(notebook):
+    """tests/browser/replay_dashboard_32.ipynb: 32 synthetic groups, kills in flight, one given up."""
+    nb = notebook("replay_dashboard_32.ipynb")
+    errors: list[str] = []
+    nb.page.on("pageerror", lambda exc: errors.append(str(exc)))
+    nb.run_all(timeout_ms=120_000)
+    page = nb.page
+
+    # Every group is in the health panel, once per rank (group size 1).
+    page.wait_for_selector(".mnb-health .mnb-cell[data-replica='5'][data-state='gave_up']", timeout=60_000)
+    page.wait_for_selector(".mnb-health .mnb-cell[data-state='respawning']", timeout=60_000)
+    cells = page.eval_on_selector_all(".mnb-health .mnb-cell",
+                                      "cs => cs.map(c => [Number(c.dataset.replica), Number(c.dataset.rank)])")
+    assert sorted(cells) == [[r, 0] for r in range(32)], cells
+    dashboard = page.locator(".mnb-dashboard")
+    dashboard.scroll_into_view_if_needed()
+    ARTIFACTS.mkdir(exist_ok=True)
+    dashboard.screenshot(path=str(ARTIFACTS / "dashboard_32_groups.png"))
+
+    # The group given up on says so in words, not only in colour: on its tile and in the list
+    # of groups not training under the grid.
+    assert "GAVE UP" in page.locator(".mnb-health .mnb-cell[data-replica='5']").get_attribute("title")
+    assert "GAVE UP" in page.locator(".mnb-health .mnb-down[data-replica='5']").inner_text()
+    # Each killed group is drawn failed at least once, then training again, while no cell runs.
+    for victim in (12, 21, 30):
+        seen = page.wait_for_function(FAILED_THEN_TRAINING, arg=victim, timeout=60_000).json_value()
+        assert seen["training_at"] > seen["failed_at"]
+    assert page.locator(".mnb-recovery[data-status='recovered']").count() >= 4
+
+    # No widget failed to render and the dashboard reported no error.
+    assert page.locator(".jupyter-widgets-error-widget").count() == 0
+    text = page.locator(".jp-NotebookPanel").inner_text()
+    assert "Error displaying widget" not in text and "dashboard error" not in text
+    assert not errors, errors
