@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 import psutil
@@ -29,6 +30,9 @@ class Reaper:
 
     def __init__(self) -> None:
         self._proc: subprocess.Popen | None = None
+        # Groups start in parallel (one thread per mesh): without it two threads could each
+        # start a watchdog, and the one not kept would outlive the session.
+        self._lock = threading.Lock()
         fd, self.pidfile = tempfile.mkstemp(prefix="monarch_nb_reaper_", suffix=".jsonl")
         os.close(fd)
 
@@ -37,23 +41,25 @@ class Reaper:
         lines = [{"pid": p} for p in pids] + [{"run": c} for c in commands or []]
         if not lines:
             return
-        with open(self.pidfile, "a") as f:
-            f.write("".join(json.dumps(line) + "\n" for line in lines))
-        if self._proc is None or self._proc.poll() is not None:
-            self._proc = subprocess.Popen(
-                [sys.executable, "-m", "monarch_nb.reaper", str(os.getpid()), self.pidfile],
-                start_new_session=True, stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            )
+        with self._lock:
+            with open(self.pidfile, "a") as f:
+                f.write("".join(json.dumps(line) + "\n" for line in lines))
+            if self._proc is None or self._proc.poll() is not None:
+                self._proc = subprocess.Popen(
+                    [sys.executable, "-m", "monarch_nb.reaper", str(os.getpid()), self.pidfile],
+                    start_new_session=True, stdin=subprocess.DEVNULL,
+                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                )
 
     def close(self) -> None:
-        if self._proc is not None and self._proc.poll() is None:
-            self._proc.terminate()
+        with self._lock:
+            proc, self._proc = self._proc, None
+        if proc is not None and proc.poll() is None:
+            proc.terminate()
             try:
-                self._proc.wait(timeout=5)
+                proc.wait(timeout=5)
             except subprocess.TimeoutExpired:
-                self._proc.kill()
-        self._proc = None
+                proc.kill()
         try:
             os.unlink(self.pidfile)
         except OSError:

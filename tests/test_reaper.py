@@ -44,3 +44,29 @@ def test_descendants_of_several_roots_come_from_one_scan():
             p.kill()
             p.wait()
             p.stdout.close()
+
+
+def test_guards_from_many_threads_start_one_watchdog(tmp_path):
+    """Groups start in parallel, each thread guarding its pids: one watchdog, closed by close()."""
+    import threading
+
+    import psutil
+
+    from monarch_nb.reaper import Reaper
+
+    reaper = Reaper()
+    barrier = threading.Barrier(8)
+
+    def guard(n: int) -> None:
+        barrier.wait()
+        reaper.guard([900_000_000 + n])
+
+    threads = [threading.Thread(target=guard, args=(n,)) for n in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    watchdogs = [p for p in psutil.Process().children() if "monarch_nb.reaper" in " ".join(p.cmdline())]
+    reaper.close()
+    assert len(watchdogs) == 1
+    assert not watchdogs[0].is_running() or watchdogs[0].status() == psutil.STATUS_ZOMBIE
