@@ -219,6 +219,15 @@ class Supervisor:
         self.call(g, "start", min_step, resume_from, timeout=120.0 if resume_from else 30.0)
         self.groups.touch(g, time.monotonic())
 
+    def last_recorded_step(self) -> int:
+        """The last committed step in the run's event log: the steps a restart loses are those the
+        log shows committed since the checkpoint. (``progress()`` may be one ahead: a poll reads
+        the trainer's step counter, which moves at the commit, just before that step's event is
+        queued; a teardown right then takes the event with it.)"""
+        if self.run_events is None:
+            return self.progress()
+        return max((e.step for e in self.run_events.events("step") if e.committed), default=self.progress())
+
     def progress(self) -> int:
         """The run's last committed step, as far as the groups reported it."""
         return max((g.step for g in self.groups), default=0)
@@ -508,7 +517,7 @@ class Supervisor:
             t0 = time.monotonic()
             self.session.down_many([h.name for h in groups], kill=True)
             self._emit(TornDown(replica=g.index, seconds=time.monotonic() - t0))
-            last = self.progress()  # read once no group trains: a poll in flight has landed
+            last = self.last_recorded_step()  # read once no group trains: a poll in flight has landed
             checkpoint = latest_complete(self.checkpoint_dir) if self.checkpoint_dir else None
             start = time.time()
             for h in groups:
