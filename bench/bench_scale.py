@@ -204,12 +204,11 @@ def one_failure(run: FTRun, kind: str, victim: int, mode: str) -> tuple[Any, dic
     b1 = box_ticks()
     new = worker_pids(run)
     workers = 0.0
-    for index, ps in new.items():
+    for ps in new.values():
         for p in ps:
             now = cpu_s(p) or 0.0
             workers += now - before[p] if before.get(p) is not None else now  # a new process: all its CPU
     victim_cpu = sum(cpu_s(p) or 0.0 for p in new[victim] if p not in before) or None
-    rec = next(r for r in reversed(run.history().recoveries()) if r.replica == victim and (r.start_t or 0) >= since - 1)
     # the survivors' figures need commits after the rejoin: wait two more steps of the run
     run.wait_for_step(max(g.step for g in run.groups) + 2, timeout=600)
     rec = next(r for r in reversed(run.history().recoveries()) if r.replica == victim and (r.start_t or 0) >= since - 1)

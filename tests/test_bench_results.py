@@ -3,23 +3,17 @@ edit of either fails here. Pure Python, no run."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 from pathlib import Path
 
+from bench_scripts import load_bench
+
 REPO = Path(__file__).resolve().parent.parent
 
 
-def _load(name):
-    spec = importlib.util.spec_from_file_location(name, REPO / "bench" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_readme_blocks_are_what_readme_tables_writes(capsys):
-    rc = _load("readme_tables").main(["--check", "--readme", str(REPO / "README.md")])
+    rc = load_bench("readme_tables").main(["--check", "--readme", str(REPO / "README.md")])
     assert rc == 0, capsys.readouterr().out
 
 
@@ -28,14 +22,14 @@ def test_readme_check_fails_on_a_hand_edit(tmp_path, capsys):
     edited = tmp_path / "README.md"
     edited.write_text(readme.replace("| 16 nodes x 8 MI300, fault / 180 s | ", "| 16 nodes x 8 MI300, fault / 180 s | 1", 1))
     assert edited.read_text() != readme
-    assert _load("readme_tables").main(["--check", "--readme", str(edited)]) == 1
+    assert load_bench("readme_tables").main(["--check", "--readme", str(edited)]) == 1
     assert "bench/readme_tables.py --write" in capsys.readouterr().out
 
 
 def test_seed_clusters_json_is_what_seed_clusters_py_computes_from_the_measured_failures():
     committed = json.loads((REPO / "bench/results/seed_clusters.json").read_text())
     failures = json.loads((REPO / committed["from"]).read_text())["failures"]
-    again = _load("seed_clusters").seed_clusters(failures, source=committed["from"])
+    again = load_bench("seed_clusters").seed_clusters(failures, source=committed["from"])
     assert json.loads(json.dumps(again)) == committed
 
 

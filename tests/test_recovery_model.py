@@ -200,9 +200,10 @@ def test_open_run_gives_the_same_recoveries_as_the_live_store(tmp_path):
 # failures measured here, and what it assumes.
 
 from dataclasses import replace  # noqa: E402
-import importlib.util  # noqa: E402
 import json  # noqa: E402
 from pathlib import Path  # noqa: E402
+
+from bench_scripts import load_bench  # noqa: E402
 
 from monarch_nb.ft.costmodel import SEED_CLUSTERS, Cluster, extrapolate, fit  # noqa: E402
 
@@ -287,15 +288,9 @@ def test_scale_records_replace_the_fits_stall_only_with_a_trend_in_r():
     assert "straight line in R" in z["assumptions"]["stall_steps"]["source"]
 
 
-def _load(name):
-    spec = importlib.util.spec_from_file_location(name, REPO / "bench" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
 
 def test_soak_reread_recomputes_the_logs_figures_and_keeps_the_live_ones(tmp_path):
-    soak = _load("soak")
+    soak = load_bench("soak")
     run_dir = tmp_path / "soak-run"
     store = EventStore(run_dir / "events.jsonl")
     evs = ([RunStarted(t=T, run_id="r", config={"replicas": 3})] + steps([0, 1, 2], T + 1, T + 9)

@@ -1,0 +1,15 @@
+"""The benchmark scripts under bench/ as modules, for tests of their pure parts (bench/ is no
+package: each script is loaded from its file)."""
+
+import importlib.util
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parent.parent / "bench"
+
+
+def load_bench(name: str):
+    """``bench/<name>.py``, imported afresh."""
+    spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
