@@ -7,6 +7,7 @@ processes (Monarch cannot spawn onto a damaged proc mesh), through the same call
 
 from __future__ import annotations
 
+import threading
 from typing import Any, Callable
 
 from .. import seam
@@ -60,14 +61,18 @@ class ProcessJobPlacement(Placement):
         self.replicas = replicas
         self._job: Any = None
         self._hosts: Any = None
+        # Groups start in parallel: without the lock two threads each started a job, and the
+        # hosts of the one not kept were never killed (orphans after stop).
+        self._lock = threading.Lock()
 
     def up_kwargs(self, index: int) -> dict[str, Any]:
-        if self._job is None:
-            from monarch.job import ProcessJob
+        with self._lock:
+            if self._job is None:
+                from monarch.job import ProcessJob
 
-            self._job = ProcessJob({"hosts": self.replicas})
-            self._hosts = self._job.state(cached_path=None).hosts
-        return {"host_mesh": self._hosts.slice(hosts=index)}
+                self._job = ProcessJob({"hosts": self.replicas})
+                self._hosts = self._job.state(cached_path=None).hosts
+            return {"host_mesh": self._hosts.slice(hosts=index)}
 
     def spare_kwargs(self) -> dict[str, Any]:
         raise ValueError("spares: not available with job='process' (one ProcessJob host per group); "

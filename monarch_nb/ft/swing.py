@@ -223,7 +223,7 @@ class SwingResult:
 
 def drive_faults(run: Any, plan: SwingPlan, log: Callable[[str], None] = print) -> None:
     """Start ``run`` (an ``FTRun``, not started; display its dashboard first if you like), send
-    waves until a group has committed ``plan.steps``, stop the waves, wait until every victim
+    waves until a group has committed ``plan.steps`` and one wave at least has gone out, stop the waves, wait until every victim
     is back, prove all groups bit-identical once more, and stop the run."""
     try:
         if not run.started:
@@ -232,8 +232,13 @@ def drive_faults(run: Any, plan: SwingPlan, log: Callable[[str], None] = print) 
             f"every {plan.every_s:g} s, leaving at least {plan.keep_groups} training")
         run.schedule(plan.every_s, kinds=list(plan.kinds), at_once=plan.at_once, seed=plan.seed,
                      keep=plan.keep_groups)
+        deadline = time.monotonic() + plan.timeout_s
         run.wait_for(lambda e: isinstance(e, Step) and e.committed and e.step >= plan.steps, timeout=plan.timeout_s,
                      what=f"step {plan.steps} committed")
+        # A fast run can reach its step before the first wave (a wave needs more than `keep`
+        # groups training, and groups that joined late are still healing): it goes on to one.
+        run.wait_for(lambda e: isinstance(e, FaultInjected), timeout=max(1.0, deadline - time.monotonic()),
+                     what="the first wave of faults")
         run.stop_schedule()
         sent = len(run.events.events(FaultInjected))
         log(f"step {plan.steps} reached after {sent} faults; waiting for every victim to rejoin")

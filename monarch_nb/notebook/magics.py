@@ -28,6 +28,8 @@ from .progress import Progress, call_line
 from .slicing import validate_slice
 from .train_magics import TrainingCommands, add_training_commands
 
+KILL_WAIT_S = 5.0  # how long %monarch kill waits for the signalled process to exit
+
 SUBCOMMANDS = ("up", "status", "down", "replace", "kill", "logs", "stacks", "debug", "train", "inject", "schedule",
                "scale", "wait", "check", "restart", "stop", "dashboard")
 
@@ -237,6 +239,10 @@ class MonarchMagics(Magics):
             raise UsageError(f"rank {args.rank} of {handle.name!r} runs on {proc.host}; kill only reaches local workers")
         os.kill(proc.pid, getattr(signal, f"SIG{args.signal}"))
         print(f"sent SIG{args.signal} to mesh {handle.name!r} rank {args.rank} (pid {proc.pid})")
+        # The status that follows must show it: once the pid is gone the session marks the rank
+        # failed by its own pid check, not only when Monarch's report arrives (seconds on a busy host).
+        if _wait_gone(proc.pid, KILL_WAIT_S):
+            self.session.status()
 
     def _cmd_train(self, args: Any) -> None:
         self.training.train(args, self.session, self.shell)
@@ -349,3 +355,18 @@ def _cell_text(outputs: list, missing: list[int], coords: dict[int, str]) -> str
     for rank in missing:
         lines.append(f"[rank {rank}] no answer (failed or past the deadline)")
     return "\n".join(lines)
+
+
+def _wait_gone(pid: int, timeout: float) -> bool:
+    """True once ``pid`` has exited (or is a zombie) within ``timeout`` seconds."""
+    import psutil
+
+    try:
+        psutil.Process(pid).wait(timeout)
+    except psutil.NoSuchProcess:
+        return True
+    except psutil.TimeoutExpired:
+        from ..meshes import pid_alive
+
+        return not pid_alive(pid)
+    return True
