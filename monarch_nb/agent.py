@@ -188,6 +188,7 @@ class ProcAgent(Actor):
     def __init__(self) -> None:
         self._ns = _Namespace()
         self._mesh_rank: int | None = None
+        self._mesh_point: dict[str, int] = {}  # its coordinates in the whole mesh, e.g. {"gpus": 1}
         self._running: _Cell | None = None
         self._last_error: BaseException | None = None
         self._debugger: _PostMortem | None = None
@@ -202,7 +203,8 @@ class ProcAgent(Actor):
         # The controller asks this once over the whole mesh, so this rank is the global one;
         # later calls may arrive through a slice, where current_rank() is slice-local.
         if self._mesh_rank is None:
-            self._mesh_rank = current_rank().rank
+            here = current_rank()
+            self._mesh_rank, self._mesh_point = here.rank, dict(here)
         return ProcIdentity(rank=self._mesh_rank, pid=os.getpid(), host=socket.gethostname(),
                             job_id=os.environ.get("SLURM_JOB_ID"), node=os.environ.get("SLURMD_NODENAME"))
 
@@ -238,7 +240,8 @@ class ProcAgent(Actor):
         cell = self._running = _Cell(threading.get_ident())
         _cells[cell.thread_id] = cell
         ns = self._ns.values
-        ns["rank"] = rank
+        ns["rank"] = rank  # a cell runs in no actor of the user's: current_rank() has nothing to say there
+        ns["point"] = dict(self._mesh_point)
         if push:
             ns.update(push)
         result = error = tb = None

@@ -27,6 +27,7 @@ class ProcInfo:
     node: str | None = None  # the scheduler's name for its node (SLURMD_NODENAME)
     state: str = ALIVE
     reason: str = ""
+    accounts: set[str] = field(default_factory=set)  # Monarch's words for it, once failed (each reported once)
 
     @property
     def label(self) -> str:
@@ -66,6 +67,7 @@ class MeshHandle:
     agent: Any = None
     stopped: bool = False
     log_dir: Any = None  # pathlib.Path where the workers' output goes (Session.logs)
+    failure_action: str | None = None  # what the mesh's owner does when a rank fails (said in the notice)
 
     @property
     def size(self) -> int:

@@ -29,11 +29,11 @@ from .errors import CallInterrupted, CallTimeout, MonarchNbError, RemoteError, U
 from .meshes import ALIVE, ActorSpec, MeshHandle, ProcInfo, coords_of, pid_alive
 from .reaper import Reaper
 from .telemetry import EventStore
-from .telemetry.events import CallTimedOut, MeshDown, MeshUp, WorkerFailed
+from .telemetry.events import CallTimedOut, MeshDown, MeshUp, WorkerExitReported, WorkerFailed
 
 log = logging.getLogger(__name__)
 
-FailureListener = Callable[[WorkerFailed], None]
+FailureListener = Callable[["WorkerFailed | WorkerExitReported"], None]
 _NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.]*$")
 _AGENT_PREFIX = "_nb_agent_"
 JOB_WATCH_INTERVAL_S = 1.0
@@ -98,6 +98,7 @@ class Session:
         self._job_watch: threading.Thread | None = None
         self._timeouts: dict[tuple[str, str], tuple[float, int]] = {}  # (mesh, endpoint) -> (last event, since)
         self._recent: dict[str, tuple[str, float]] = {}  # unique actor mesh name -> (mesh, torn down at)
+        self._late_accounts: set[tuple[str, int, str]] = set()  # (actor mesh, rank, reason) already recorded
         self._log_dirs: dict[str, Path] = {}  # mesh name -> where its workers' logs are (kept after down)
         self._job_watch_stop = threading.Event()
         self._remove_hook = _runtime.add_fault_listener(self._on_fault)
@@ -406,6 +407,7 @@ class Session:
         now = time.monotonic()
         with self._lock:  # remember what was torn down, to place Monarch's late reports about it
             self._recent = {k: v for k, v in self._recent.items() if now - v[1] < RECENT_MESH_MEMORY_S}
+            self._late_accounts = {a for a in self._late_accounts if a[0] in self._recent}
             for handle in handles:
                 for full_name in handle.actor_full_names.values():
                     self._recent[full_name] = (handle.name, now)
@@ -526,7 +528,8 @@ class Session:
     # ---- failures ----------------------------------------------------------------------
 
     def on_failure(self, listener: FailureListener) -> Callable[[], None]:
-        """Call ``listener(WorkerFailed)`` on every newly failed rank (on Monarch's thread: be quick)."""
+        """Call ``listener(WorkerFailed)`` on every newly failed rank, and ``listener(WorkerExitReported)``
+        on Monarch's late account of a process already torn down (on Monarch's thread: be quick)."""
         with self._lock:
             self._listeners.append(listener)
 
@@ -543,10 +546,15 @@ class Session:
         with self._lock:
             late = self._recent.get(actor_full_name)
         if late is not None:
-            # Monarch's account of how a process died can arrive after we tore its mesh down
-            # (we act on our own pid check first): recorded, and passed on as an explanation.
+            # Monarch's account of how a process ended, after we tore its mesh down: our own kill
+            # or stop, or the failure already reported (we act on our own checks first). Recorded
+            # as an explanation, never as a failure of its own.
             for rank in ranks:
-                self._record_failure(None, rank, reason, mesh=late[0])
+                with self._lock:  # Monarch's hook repeats itself: each account once
+                    if (actor_full_name, rank, reason) in self._late_accounts:
+                        continue
+                    self._late_accounts.add((actor_full_name, rank, reason))
+                self._announce(WorkerExitReported(mesh=late[0], rank=rank, reason=reason))
             return
         with self._lock:
             owner = self.meshes.get(self._actor_owner.get(base, ""))
@@ -559,6 +567,8 @@ class Session:
             for rank in ranks:
                 if owner.mark_failed(rank, reason):
                     self._record_failure(owner, rank, reason)
+                elif _first_account(owner, rank, reason):  # our own check reported it: Monarch's words explain it
+                    self._announce(WorkerExitReported(mesh=owner.name, rank=rank, reason=reason))
             return
         # Monarch's internal meshes (e.g. its logger) report too; find the dead pid ourselves.
         for handle in handles:
@@ -579,10 +589,23 @@ class Session:
         self.events.append(CallTimedOut(mesh=mesh, endpoint=endpoint, missing_ranks=ranks, timeout_s=timeout,
                                         repeats=suppressed + 1))
 
-    def _record_failure(self, handle: MeshHandle | None, rank: int, reason: str, mesh: str | None = None) -> None:
-        """Record and announce a dead rank; ``handle`` None: a late report about a mesh already down."""
-        event = WorkerFailed(mesh=handle.name if handle else mesh or "?", rank=rank, reason=reason,
-                             late=handle is None)
+    def report_failure(self, mesh: str, rank: int | None, cause: str, action: str | None = None) -> bool:
+        """A rank of ``mesh`` failed, found by the caller's own check (a training run's
+        supervisor, ``%monarch kill``): marked failed and announced with ``cause``, unless it
+        already was (one report per failed rank: the first detector's). False if not announced."""
+        with self._lock:
+            handle = self.meshes.get(mesh)
+        if handle is None or rank is None or not handle.mark_failed(rank, cause):
+            return False
+        self._record_failure(handle, rank, cause, action)
+        return True
+
+    def _record_failure(self, handle: MeshHandle, rank: int, reason: str, action: str | None = None) -> None:
+        """Record and announce a newly failed rank (callers mark it failed first: once per rank)."""
+        self._announce(WorkerFailed(mesh=handle.name, rank=rank, reason=reason,
+                                    action=action or handle.failure_action))
+
+    def _announce(self, event: WorkerFailed | WorkerExitReported) -> None:
         self.events.append(event)
         with self._lock:
             listeners = list(self._listeners)
@@ -763,3 +786,15 @@ def current_session(create: bool = True) -> Session | None:
     if live:
         return live[-1]
     return Session() if create else None
+
+
+def _first_account(handle: MeshHandle, rank: int, reason: str) -> bool:
+    """True the first time ``reason`` is given for failed ``rank`` (Monarch's hook repeats itself)
+    when it is not already the reason the rank was reported failed with."""
+    if not 0 <= rank < len(handle.procs):
+        return False
+    proc = handle.procs[rank]
+    if reason == proc.reason or reason in proc.accounts:
+        return False
+    proc.accounts.add(reason)
+    return True

@@ -14,6 +14,7 @@ import pytest
 
 from monarch_nb.ft import FTRun, RunConfig, open_run
 from monarch_nb.telemetry.events import FailureDetected, Healed, Rejoined, ReplicasIdentical, Respawned
+from notice_checks import assert_one_notice, watch_notices
 from proc_checks import assert_gone, wait_for
 
 pytestmark = pytest.mark.slow
@@ -50,8 +51,10 @@ def assert_nothing_lost(run: FTRun) -> None:
 def matrix(tmp_path_factory):
     run = FTRun(RunConfig(replicas=3, hang_timeout_s=3.0, runs_root=str(tmp_path_factory.mktemp("matrix"))))
     outcomes: dict = {}
+    run.notices = []  # what a notebook would show, counted per fault (notice_checks)
     try:
         run.start()
+        run.notices = watch_notices(run)
         run.wait_for_step(3, timeout=240)
         for n, kind in enumerate(KINDS):
             outcomes[kind] = recover(run, kind, victim=n % 3, hang_s=30.0)
@@ -90,6 +93,7 @@ def matrix(tmp_path_factory):
             unsubscribe()
         outcomes["donor"] = (since, back, run.check_identical(timeout=120), donor_kill)
     finally:
+        run.notices_before_stop = len(run.notices)
         run.stop()
     return run, outcomes
 
@@ -103,6 +107,7 @@ def test_every_fault_kind_is_detected_and_recovered_with_its_reason(matrix, kind
     rec = next(r for r in run.history().recoveries() if r.fault == kind)
     assert any(word in rec.reason.lower() for word in REASONS[kind]), (rec.reason, rec.detected_by)
     assert rec.status == "recovered" and rec.total_s == pytest.approx(sum(rec.durations().values()))
+    assert_one_notice(run, run.notices, rec.replica, since, rejoined.t, REASONS[kind])
     detected = next(e for e in run.events.events(FailureDetected)
                     if e.replica == rec.replica and since <= e.t <= rejoined.t)
     if kind == "hang":

@@ -17,6 +17,7 @@ from monarch_nb.telemetry.events import (
     Respawned,
     Step,
 )
+from notice_checks import assert_one_notice, watch_notices
 from proc_checks import assert_gone
 
 pytestmark = pytest.mark.slow
@@ -44,8 +45,10 @@ def ft(tmp_path_factory):
     run = FTRun(RunConfig(replicas=3, runs_root=str(root), run_name="recovery"))
     outcomes: dict[str, Outcome] = {}
     baseline = None
+    run.notices = []  # what a notebook would show, counted per fault (notice_checks)
     try:
         run.start()
+        run.notices = watch_notices(run)
         run.wait_for_step(5, timeout=180)
         baseline = run.check_identical(timeout=120)
         for kind, victim, _ in FAULTS:
@@ -59,6 +62,7 @@ def ft(tmp_path_factory):
             except TimeoutError as e:
                 out.error = f"{kind}: {e}"
     finally:
+        run.notices_before_stop = len(run.notices)
         run.stop()
     return run, baseline, outcomes
 
@@ -158,3 +162,15 @@ def test_event_log_is_complete_and_reopenable(ft):
     recs = reopened.recoveries()
     assert sorted(r.fault for r in recs) == sorted(outcomes)
     assert all(r.rejoined_step and r.heal_bytes and r.identical for r in recs)
+
+
+@pytest.mark.parametrize("kind, victim, words", FAULTS, ids=KINDS)
+def test_each_fault_is_one_notice_naming_the_fault_then_the_action(ft, kind, victim, words):
+    run, _, _ = ft
+    out = _outcome(ft, kind)
+    assert_one_notice(run, run.notices, victim, out.since, out.rejoined.t, words)
+
+
+def test_a_stop_is_not_reported_as_a_failure(ft):
+    run = ft[0]
+    assert len(run.notices) == run.notices_before_stop, [n.reason for n in run.notices[run.notices_before_stop:]]

@@ -53,6 +53,9 @@ def test_up_status_and_cell_output_grouped_per_rank_in_rank_order(shell, msessio
     text = cap.outputs[0].data["text/plain"]
     assert "mesh main (gpus=3) healthy" in text and text.count("alive") == 3
     assert 'class="mnb-procs"' in cap.outputs[0].data["text/html"]
+    # local meshes have no Monarch dashboard or admin TUI to enable: no paragraph about them
+    assert not any("admin TUI" in o.data.get("text/plain", "") for o in cap.outputs), \
+        [o.data.get("text/plain") for o in cap.outputs]
 
     cap = run_cell_magic(shell, "", "import os\nprint('pid', os.getpid())\nrank * 10")
     text = cap.outputs[0].data["text/plain"]
@@ -64,6 +67,9 @@ def test_up_status_and_cell_output_grouped_per_rank_in_rank_order(shell, msessio
 
 
 def test_cell_state_persists_per_process_and_slices_by_named_dim(shell, msession):
+    # a cell knows its rank and its point in the whole mesh (README), also when run on a slice
+    cap = run_cell_magic(shell, "--on gpus=2", "(rank, point)")
+    assert "Out: (2, {'gpus': 2})" in cap.outputs[0].data["text/plain"], cap.outputs[0].data["text/plain"]
     run_cell_magic(shell, "", "x = rank + 100")
     cap = run_cell_magic(shell, "--on gpus=1:3 --timeout 10", "x")
     text = cap.outputs[0].data["text/plain"]

@@ -22,6 +22,7 @@ from monarch_nb.telemetry.events import (
     RunStarted,
     Step,
     TornDown,
+    WorkerExitReported,
     WorkerFailed,
 )
 
@@ -180,6 +181,15 @@ def test_monarchs_late_report_explains_a_pid_check_that_only_knew_the_process_wa
                              reason="the process this actor was running on failed: Failed(wait failed: No child processes)")
     (rec,) = tracked(detected(knew) + [no_status])
     assert (rec.reason, rec.detected_by) == (knew, "pid")
+    # today's logs: Monarch's late account is a worker_exit_reported; our own worker_failed (the
+    # one notice, with the pid check's words) explains nothing
+    exit_report = WorkerExitReported(t=T + 0.5, mesh="replica1", rank=0, reason=late.reason)
+    (rec,) = tracked(detected("process 7 of rank 0 is gone (found by pid check)") + [exit_report])
+    assert (rec.reason, rec.detected_by) == (late.reason, "pid, explained by supervision")
+    ours = WorkerFailed(t=T + 0.2, mesh="replica1", rank=0, reason="process 7 of rank 0 is gone (found by pid check)",
+                        action="its group is torn down and replaced")
+    (rec,) = tracked(detected(ours.reason) + [ours])
+    assert rec.detected_by == "pid"
     timeout = WorkerFailed(t=T + 30, mesh="replica1", rank=0, late=True,
                            reason="timeout waiting for message from proc mesh agent. The process likely crashed")
     (rec,) = tracked(detected("process 7 of rank 0 is gone (found by pid check)") + [timeout])
@@ -312,3 +322,13 @@ def test_soak_reread_recomputes_the_logs_figures_and_keeps_the_live_ones(tmp_pat
     assert report["event_log_bytes"] == (run_dir / "events.jsonl").stat().st_size
     assert (report["faults_sent"], report["goodput_ratio"], report["shots"]) == (2, 0.9, [{"n": 0}])
     assert "--reread" in report["note"] and report["run_dir"] == str(run_dir)
+
+
+def test_print_of_a_recovery_shows_the_total_and_the_six_phases_that_add_up_to_it():
+    (rec,) = tracked(recovery(1, at=T, heal=0.6))
+    text = str(rec)
+    assert text.startswith("replica 1, kill (rank 0): recovered, total 3.90 s = detect 0.50 + teardown 0.10 + "
+                           "acquire 0.40 + build 2.00 + heal 0.60 + rejoin 0.30"), text
+    assert "heal transfer 0.60 s" in text and "acquired by spawn" in text
+    (open_rec,) = tracked(recovery(1, at=T)[:3])
+    assert "respawning, total not yet = detect 0.50 + teardown 0.10 + acquire ? " in str(open_rec), str(open_rec)

@@ -8,7 +8,7 @@ import pytest
 from monarch.actor import Actor, current_rank, endpoint
 
 from monarch_nb import CallTimeout, MonarchNbError, RemoteError, UnknownMeshError
-from monarch_nb.telemetry.events import WorkerFailed
+from monarch_nb.telemetry.events import WorkerExitReported, WorkerFailed
 
 from proc_checks import assert_gone, wait_for
 
@@ -106,13 +106,35 @@ def test_a_killed_worker_is_detected_within_seconds_and_the_rest_stay_usable(ses
     assert detected_after < 5.0, f"kill -> failure event took {detected_after:.2f} s"
     event = seen[0][1]
     assert (event.mesh, event.rank) == ("main", 1) and "Killed" in event.reason
-    assert len([e for _, e in seen if e.rank == 1]) == 1, "one failure must be reported once"
+    assert len([e for _, e in seen if e.rank == 1 and isinstance(e, WorkerFailed)]) == 1, \
+        "one failure must be reported once"
     assert mesh.state == "degraded" and mesh.failed_ranks == [1]
     assert session.events.events("worker_failed")[0].rank == 1
     with pytest.raises(CallTimeout) as err:
         session.deadline(workers, 2).pid.call()
     assert err.value.missing_ranks == [1] and err.value.failed_ranks == [1]
     assert session.deadline(workers.slice(gpus=0), 10).pid.call().ok
+
+
+def test_a_failure_found_by_our_own_check_is_reported_once_with_its_cause_and_a_stop_is_no_failure(session):
+    mesh = session.up("main", procs=2)
+    session.spawn("workers", Worker)
+    mesh.failure_action = "the owner replaces it"
+    seen = []
+    session.on_failure(seen.append)
+    pid = mesh.procs[1].pid
+    assert session.report_failure("main", 1, "SIGKILL sent by a test")
+    assert not session.report_failure("main", 1, "reported again"), "a rank is reported failed once"
+    os.kill(pid, signal.SIGKILL)
+    assert_gone([pid])
+    wait_for(lambda: [e for e in seen if isinstance(e, WorkerExitReported)], 10, "Monarch's account of the death")
+    failed = [e for e in seen if isinstance(e, WorkerFailed)]
+    assert [(e.mesh, e.rank, e.reason, e.action) for e in failed] == \
+        [("main", 1, "SIGKILL sent by a test", "the owner replaces it")]
+    assert "Killed" in next(e for e in seen if isinstance(e, WorkerExitReported)).reason
+    session.down("main", kill=True)  # our own kill of rank 0: Monarch reports it, never as a failure
+    assert [e for e in seen if isinstance(e, WorkerFailed)] == failed
+    assert session.events.events(WorkerFailed) == failed
 
 
 def test_an_exception_escaping_an_actor_is_reported_as_a_failure(session):

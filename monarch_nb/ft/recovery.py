@@ -35,6 +35,7 @@ from ..telemetry.events import (
     ReplicasIdentical,
     Respawned,
     TornDown,
+    WorkerExitReported,
     WorkerFailed,
 )
 
@@ -147,6 +148,19 @@ class Recovery:
             return None
         return max(0.0, self.rejoined_t - self.start_t)
 
+    def __str__(self) -> str:
+        """What ``print`` shows: the total and the six phases that add up to it (``heal_s`` alone
+        is the transfer inside the heal phase), then where the state came from and why."""
+        what = f"replica {self.replica}, {self.fault or 'unplanned failure'}" + (
+            f" (rank {self.rank})" if self.rank is not None else "")
+        total = f"{self.total_s:.2f} s" if self.total_s is not None else "not yet"
+        phases = " + ".join(f"{name} {'?' if d is None else f'{d:.2f}'}" for name, d in self.durations().items())
+        heal = (f"; heal transfer {self.heal_s:.2f} s, {self.heal_bytes / 1e6:.1f} MB from replica {self.heal_source}"
+                if self.heal_s is not None and self.heal_bytes else "")
+        how = f", acquired by {self.acquired_how}" if self.acquired_how else ""
+        return (f"{what}: {self.status}, total {total} = {phases}{heal}{how}; "
+                f"detected by {self.detected_by or '?'}: {self.reason}")
+
     def row(self) -> dict[str, Any]:
         """One flat row for a table (notebooks, benchmarks): the phases as ``<phase>_s`` columns."""
         return {"replica": self.replica, "fault": self.fault or "unplanned", "status": self.status,
@@ -196,8 +210,8 @@ class RecoveryTracker:
         replica = getattr(e, "replica", None)
         if isinstance(e, ReplicasIdentical):
             return self._identity(e)
-        if isinstance(e, WorkerFailed):
-            return self._explain(e)
+        if isinstance(e, WorkerExitReported) or (isinstance(e, WorkerFailed) and e.late):
+            return self._explain(e)  # (late worker_failed: logs written before worker_exit_reported)
         if replica is None:
             return None
         rec = self._open.get(replica)
@@ -254,7 +268,7 @@ class RecoveryTracker:
             return None
         return rec
 
-    def _explain(self, e: WorkerFailed) -> Recovery | None:
+    def _explain(self, e: WorkerExitReported | WorkerFailed) -> Recovery | None:
         """Monarch's report of how a process died, arriving after our own pid check acted on it,
         becomes the reason of that recovery when the pid check only knew that the process is
         gone (it could read neither the exit status nor a fault it fired)."""

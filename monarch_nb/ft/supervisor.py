@@ -32,6 +32,7 @@ from ..telemetry.events import (
     Respawned,
     Resumed,
     TornDown,
+    WorkerExitReported,
 )
 from .durable import latest_complete
 from .faults import ENDS_PROCESS
@@ -125,6 +126,7 @@ class Supervisor:
         handle = self.session.up(mesh, procs=cfg.group_size, env=env, timeout=60.0,
                                  log_dir=self.log_dir, **kwargs)
         acquired_s = time.monotonic() - t0
+        handle.failure_action = self.failure_action(mesh)
         store_port = _free_port() if cfg.group_size > 1 else None
         actors = self.session.spawn(actor, _trainer_class(), *trainer_args(store_port), mesh=mesh)
         procs = [(p.pid, p.host) for p in handle.procs if p.pid]
@@ -181,7 +183,7 @@ class Supervisor:
 
     def adopt(self, g: ReplicaGroup, spare: Spare) -> None:
         """A ready spare takes ``g``'s place: its mesh becomes ``g``'s and it joins as ``g``."""
-        self.session.rename(spare.mesh, g.name)
+        self.session.rename(spare.mesh, g.name).failure_action = self.failure_action(g.name)
         self.groups.attach(g, spare.actors, spare.procs, time.monotonic())
         self.call(g, "activate", g.index, self._lighthouse(), g.attempts, timeout=30.0)
 
@@ -280,6 +282,13 @@ class Supervisor:
     def on_worker_failed(self, event: Any) -> None:
         """Session listener (Monarch's thread): hand the failure to the group's supervisor."""
         mesh = getattr(event, "mesh", "")
+        forward = self.session.events is not self.run_events
+        if isinstance(event, WorkerExitReported):
+            # Monarch's account of how a process we tore down (or already act on) ended: the
+            # run's history keeps it, as the explanation of a pid check's "is gone".
+            if forward and self.groups.by_name(mesh) is not None:
+                self._emit(event)
+            return
         if self.spares is not None and self.spares.failed(mesh, getattr(event, "reason", "process failed")):
             return
         g = self.groups.by_name(mesh)
@@ -287,11 +296,8 @@ class Supervisor:
             return
         failure = Failure(getattr(event, "reason", "process failed"), getattr(event, "rank", None), time.time(),
                           "supervision")
-        if getattr(event, "late", False) or not self.groups.signal_failure(g, failure):
-            # Monarch's account of a failure we already act on: how the process died. The run's
-            # history takes it as the explanation of that recovery.
-            if self.session.events is not self.run_events:
-                self._emit(event)
+        if not self.groups.signal_failure(g, failure) and forward:
+            self._emit(event)  # a failure already acted on (our own report of it, or a second rank)
 
     def poll_interval(self) -> float:
         """Seconds between two polls of one group: ``poll_interval_s`` up to POLLS_PER_S / 4
@@ -419,6 +425,27 @@ class Supervisor:
 
     # ---- recovering --------------------------------------------------------------------
 
+    def failure_action(self, mesh: str) -> str:
+        """What this run does when a rank of ``mesh`` fails (the notice says it after the fault)."""
+        if not mesh.startswith("replica"):
+            return "the spare is discarded and another one built"
+        if self.config.recovery == "restart":
+            return "recovery='restart': every group stops and restarts from the newest checkpoint"
+        spare = " (a warm spare if one is ready)" if self.spares is not None else ""
+        return f"its group is torn down and replaced{spare}; the replacement heals from a live peer"
+
+    def report(self, g: ReplicaGroup, failure: Failure) -> None:
+        """The failure as the notebook shows it: one notice per failed rank, naming the fault
+        (Monarch's own report, when it came first, is that notice; this adds none)."""
+        cause = failure.reason
+        where = _innermost_frame(failure.stack) if failure.stack else None
+        if where:
+            cause += f"; stuck in {where}"
+        try:
+            self.session.report_failure(g.name, failure.rank, cause)
+        except Exception as exc:  # the notice must never stop a recovery
+            log.debug("reporting the failure of %s: %s", g.name, exc)
+
     def teardown(self, g: ReplicaGroup) -> None:
         """The failed group's processes gone: a hung process (GIL held) cannot answer a polite
         stop, so they are killed first."""
@@ -514,6 +541,7 @@ class Supervisor:
             groups = self.groups.active()
             for h in groups:
                 self.set_state(h, FAILED if h is g else RESPAWNING, failure.reason[:200] if h is g else "restart")
+            self.report(g, failure)
             t0 = time.monotonic()
             self.session.down_many([h.name for h in groups], kill=True)
             self._emit(TornDown(replica=g.index, seconds=time.monotonic() - t0))
@@ -551,6 +579,7 @@ class Supervisor:
                                    detection_s=(failure.t - fired) if fired else None, source=failure.source,
                                    stack=failure.stack))
         self.set_state(g, FAILED, failure.reason[:200])
+        self.report(g, failure)
         policy = self.config.restart
         while not self.stopping.is_set() and not getattr(self.session, "_closed", False):
             self.teardown(g)
@@ -680,3 +709,12 @@ def _trainer_class() -> type:
     from .trainer_actor import TrainerActor  # imports monarch and torch; kept out of module import time
 
     return TrainerActor
+
+
+def _innermost_frame(stack: str) -> str | None:
+    """The first frame line of a py-spy dump or a faulthandler dump (both innermost first):
+    where a hung rank is stuck."""
+    for line in stack.splitlines():
+        if (line.startswith("    ") and "(" in line) or line.lstrip().startswith('File "'):
+            return line.strip()
+    return None

@@ -422,8 +422,10 @@ class DashboardModel:
         return {HEALTH, TIMELINE}
 
     def _on_WorkerFailed(self, e: WorkerFailed) -> set[str]:
+        if e.late:  # an old log's account of a process already torn down: not a failure of its own
+            return set()
         who = e.mesh + (f" rank {e.rank}" if e.rank is not None else "")
-        self._log(e, f"Monarch: {who} failed: {e.reason}")
+        self._log(e, f"{who} failed: {e.reason}")
         return {TIMELINE}
 
     def _on_MeshUp(self, e: MeshUp) -> set[str]:

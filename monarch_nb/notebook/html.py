@@ -151,10 +151,13 @@ def run_status_html(run_id: str, status: dict) -> str:
             + table(["group", "state", "step", "restarts", "pids"], rows, "mnb-run-groups") + "</div>")
 
 
-def failure_html(mesh: str, rank: int | None, reason: str) -> str:
+def failure_html(mesh: str, rank: int | None, reason: str, action: str | None = None) -> str:
+    """A failure notice: the fault, then what the controller does (or what the user can do)."""
+    then = (esc(action) if action else
+            f'<code>%monarch replace {esc(mesh)}</code> starts a fresh mesh')
     return (f'<div class="mnb-failure" style="border-left:4px solid {_FAILED};padding:2px 8px">'
             f'{badge("failed")} mesh <b>{esc(mesh)}</b> rank <b>{esc(rank)}</b>: {esc(reason)} '
-            f'&middot; <code>%monarch replace {esc(mesh)}</code> starts a fresh mesh &middot; what the workers '
+            f'&middot; {then} &middot; what the workers '
             f'wrote: <code>%monarch logs --mesh {esc(mesh)}</code></div>')
 
 
@@ -186,7 +189,7 @@ MONARCH_VIEWS_HINT = ("Monarch's dashboard and admin TUI: not enabled for these 
                       "`monarch-tui --addr ADMIN_URL`.")
 
 
-def views_html(lighthouse: str | None, views: dict[str, dict[str, str]]) -> str:
+def views_html(lighthouse: str | None, views: dict[str, dict[str, str]], hint: bool = False) -> str:
     """Links to the ecosystem's own views: torchft's Lighthouse page, Monarch's dashboard/TUI."""
     parts = []
     if lighthouse:
@@ -196,6 +199,6 @@ def views_html(lighthouse: str | None, views: dict[str, dict[str, str]]) -> str:
         links = " &middot; ".join(f'{esc(kind)}: <a href="{esc(url)}" target="_blank">{esc(url)}</a>'
                                   for kind, url in urls.items())
         parts.append(f"mesh {esc(mesh)}: Monarch {links}")
-    if not views:
+    if hint:  # meshes of a Monarch job whose views are not enabled
         parts.append(f'<span style="color:#666">{esc(MONARCH_VIEWS_HINT)}</span>')
     return '<div class="mnb-views" style="font-size:12px">' + "<br>".join(parts) + "</div>"

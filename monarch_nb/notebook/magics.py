@@ -167,7 +167,11 @@ class MonarchMagics(Magics):
             display(HTML(run_status_html(run.run_id, run.status())))
         lighthouse = run.lighthouse.address if run is not None and not run.stopped and run.lighthouse else None
         views = self.session.views()
-        display({"text/plain": _views_text(lighthouse, views), "text/html": views_html(lighthouse, views)}, raw=True)
+        # The hint is for meshes of a Monarch job without its views; local meshes have none to enable.
+        hint = any(h.allocation is not None and h.name not in views for h in self.session.snapshot())
+        if lighthouse or views or hint:
+            display({"text/plain": _views_text(lighthouse, views, hint),
+                     "text/html": views_html(lighthouse, views, hint)}, raw=True)
 
     def _cmd_logs(self, args: Any) -> None:
         run = self.training.run
@@ -239,10 +243,12 @@ class MonarchMagics(Magics):
             raise UsageError(f"rank {args.rank} of {handle.name!r} runs on {proc.host}; kill only reaches local workers")
         os.kill(proc.pid, getattr(signal, f"SIG{args.signal}"))
         print(f"sent SIG{args.signal} to mesh {handle.name!r} rank {args.rank} (pid {proc.pid})")
-        # The status that follows must show it: once the pid is gone the session marks the rank
-        # failed by its own pid check, not only when Monarch's report arrives (seconds on a busy host).
+        # The status that follows must show it: once the pid is gone the rank is reported failed
+        # with its cause, without waiting for Monarch's report (seconds on a busy host; if it came
+        # first, it is the one notice).
         if _wait_gone(proc.pid, KILL_WAIT_S):
-            self.session.status()
+            self.session.report_failure(handle.name, args.rank, f"SIG{args.signal} sent by %monarch kill "
+                                                                 f"(pid {proc.pid} is gone)")
 
     def _cmd_train(self, args: Any) -> None:
         self.training.train(args, self.session, self.shell)
@@ -321,11 +327,11 @@ def _cell_name(shell: Any) -> str | None:
     return f"In [{count}]" if isinstance(count, int) else None
 
 
-def _views_text(lighthouse: str | None, views: dict[str, dict[str, str]]) -> str:
+def _views_text(lighthouse: str | None, views: dict[str, dict[str, str]], hint: bool = False) -> str:
     lines = [f"torchft Lighthouse status page: {lighthouse}"] if lighthouse else []
     for mesh, urls in views.items():
         lines += [f"mesh {mesh}: Monarch {kind} {url}" for kind, url in urls.items()]
-    if not views:
+    if hint:
         lines.append(MONARCH_VIEWS_HINT)
     return "\n".join(lines)
 

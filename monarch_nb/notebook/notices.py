@@ -9,15 +9,20 @@ one a cell creates itself).
 from __future__ import annotations
 
 import threading
-from typing import Any
+from typing import Any, Callable
 
 from IPython.display import display
 
+from ..telemetry.events import WorkerFailed
 from .html import failure_html
 
 
 class FailureNotices:
-    def __init__(self) -> None:
+    """One notice per failed rank (``WorkerFailed``); Monarch's late accounts of processes
+    already torn down (``WorkerExitReported``: our own kills and stops) are never shown."""
+
+    def __init__(self, show: Callable[[Any], None] | None = None) -> None:
+        self._show = show or show_failure
         self._lock = threading.Lock()
         self._running = False
         self._pending: list[Any] = []
@@ -32,11 +37,13 @@ class FailureNotices:
         self._unsubscribe.append(session.on_failure(self.notify))
 
     def notify(self, event: Any) -> None:
+        if not isinstance(event, WorkerFailed) or event.late:
+            return
         with self._lock:
             if not self._running:
                 self._pending.append(event)
                 return
-        show_failure(event)
+        self._show(event)
 
     def _watch_current(self) -> None:
         from ..session import current_session
@@ -51,7 +58,7 @@ class FailureNotices:
             self._running = True
             pending, self._pending = self._pending, []
         for event in pending:
-            show_failure(event)
+            self._show(event)
 
     def post_run_cell(self, *_: Any) -> None:
         self._watch_current()
@@ -64,10 +71,16 @@ class FailureNotices:
         self._unsubscribe.clear()
 
 
-def show_failure(event: Any) -> None:
-    text = (f"monarch: mesh {event.mesh!r} rank {event.rank} failed: {event.reason} "
+def failure_text(event: WorkerFailed) -> str:
+    """The notice in words: the fault first, then what the controller does about it."""
+    then = f"; {event.action}" if event.action else ""
+    return (f"monarch: mesh {event.mesh!r} rank {event.rank} failed: {event.reason}{then} "
             f"(what the workers wrote: %monarch logs --mesh {event.mesh})")
-    display({"text/plain": text, "text/html": failure_html(event.mesh, event.rank, event.reason)}, raw=True)
+
+
+def show_failure(event: WorkerFailed) -> None:
+    display({"text/plain": failure_text(event),
+             "text/html": failure_html(event.mesh, event.rank, event.reason, event.action)}, raw=True)
 
 
 # The notices of this kernel (set while the extension is loaded).

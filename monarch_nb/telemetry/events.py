@@ -72,13 +72,29 @@ class MeshDown(Event):
 
 @dataclass(frozen=True, kw_only=True)
 class WorkerFailed(Event):
-    """Monarch supervision reported a dead or failed process of a mesh."""
+    """A process of a mesh failed: reported once per failed rank, by whoever saw it first
+    (Monarch supervision, a pid check, a training run's supervisor). ``reason`` is the fault
+    itself (a signal, an exception's text, a hang, a broken collective); ``action`` what the
+    controller does about it, when something does (a training run replaces the group)."""
 
     kind: ClassVar[str] = "worker_failed"
     mesh: str
     rank: int | None
     reason: str
-    late: bool = False  # Monarch's report arrived after the mesh was torn down (an explanation)
+    action: str | None = None
+    late: bool = False  # logs before worker_exit_reported existed: Monarch's report after the teardown
+
+
+@dataclass(frozen=True, kw_only=True)
+class WorkerExitReported(Event):
+    """Monarch's account of how a process of a mesh already torn down ended. Not a failure of
+    its own: either our own teardown (a kill, a stop), or the explanation of a failure already
+    reported (e.g. the signal behind a pid check's "process is gone"). Never shown as a notice."""
+
+    kind: ClassVar[str] = "worker_exit_reported"
+    mesh: str
+    rank: int | None
+    reason: str
 
 
 @dataclass(frozen=True, kw_only=True)
