@@ -244,6 +244,27 @@ def test_silence_is_counted_from_the_start_of_training_not_from_the_spawn():
     assert failure is not None and failure.source == "hang" and "no answer from ranks [0]" in failure.reason
 
 
+def test_the_poll_deadline_grows_while_answers_are_late_and_shrinks_when_they_are_quick():
+    """32 groups on two cores: answers took 0.5-0.7 s against a fixed 0.5 s deadline, every poll
+    missed, and groups that answered every poll were failed as hung. Missed: doubled, up to half
+    the hang timeout (a real hang is still caught); answered: three times the latency, from 0.5."""
+    from monarch_nb.ft.supervisor import next_poll_deadline
+
+    def result(seconds=0.0, missing=(), errors=None):
+        return types.SimpleNamespace(seconds=seconds, missing=list(missing), errors=errors or {})
+
+    floor, cap = 0.5, 2.5  # hang_timeout_s = 5
+    d = floor
+    d = next_poll_deadline(d, result(0.5, missing=[0]), floor, cap)
+    assert d == 1.0
+    d = next_poll_deadline(d, result(1.0, missing=[0]), floor, cap)
+    d = next_poll_deadline(d, result(2.0, missing=[0]), floor, cap)
+    assert d == cap, "never past half the hang timeout"
+    assert next_poll_deadline(d, result(0.7), floor, cap) == pytest.approx(2.1)  # answered in 0.7 s: room for it
+    assert next_poll_deadline(2.1, result(0.02), floor, cap) == floor  # quick again: back to the quick check
+    assert next_poll_deadline(1.0, result(0.1, errors={0: RuntimeError()}), floor, cap) == 1.0
+
+
 # ---- platform: one module decides device and backend ------------------------------------
 
 
