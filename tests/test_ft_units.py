@@ -602,6 +602,7 @@ def test_most_groups_silent_at_once_reads_as_overload_not_as_hangs():
         table.touch(g, 100.0)
     sup = Supervisor(RunConfig(replicas=8, hang_timeout_s=5.0), None, table, None, None, None, [].append,
                      lambda replica: None, lambda group, port: (), lambda: "")
+    sup.host_load = lambda: 0.5  # a quiet host
     table.touch(table[0], 90.0)  # one group silent for 10 s, the others answered just now
     assert sup.hang_deadline(100.0) == 5.0
     for g in list(table)[:4]:  # half of them silent
@@ -613,4 +614,32 @@ def test_most_groups_silent_at_once_reads_as_overload_not_as_hangs():
         small.touch(g, 90.0)
     sup3 = Supervisor(RunConfig(replicas=3, hang_timeout_s=5.0), None, small, None, None, None, [].append,
                       lambda replica: None, lambda group, port: (), lambda: "")
+    sup3.host_load = lambda: 0.5
     assert sup3.hang_deadline(100.0) == 5.0
+
+
+def test_a_group_starved_of_cpu_on_an_oversubscribed_host_is_not_a_hang():
+    """32 groups on two cores (load ~35): healthy groups went 7-8 s between answers while a spare
+    was built, and 14 were failed as hung against 5 s. A group on this host gets as many hang
+    timeouts as the host has runnable work per core, up to STARVED_PATIENCE; a group elsewhere
+    (a cluster node) is judged by its own silence alone."""
+    import socket
+
+    from monarch_nb.ft.groups import TRAINING, GroupTable
+    from monarch_nb.ft.supervisor import STARVED_PATIENCE, Supervisor
+
+    table = GroupTable(2)
+    for g in table:
+        table.set_state(g, TRAINING)
+        table.touch(g, 100.0)
+    here, there = table
+    here.procs, there.procs = [(1, socket.gethostname())], [(2, "node-elsewhere")]
+    sup = Supervisor(RunConfig(replicas=2, hang_timeout_s=5.0), None, table, None, None, None, [].append,
+                     lambda replica: None, lambda group, port: (), lambda: "")
+    sup.host_load = lambda: 3.0
+    assert sup.hang_deadline(100.0, here) == 15.0
+    assert sup.hang_deadline(100.0, there) == 5.0
+    sup.host_load = lambda: 17.5  # 35 runnable on 2 cores
+    assert sup.hang_deadline(100.0, here) == STARVED_PATIENCE * 5.0
+    sup.host_load = lambda: 0.3
+    assert sup.hang_deadline(100.0, here) == 5.0

@@ -137,7 +137,9 @@ class RunConfig:
             most 32 polls a second in all (32 groups: one poll per group per second); never
             less often than a quarter of ``hang_timeout_s``.
         hang_timeout_s: a group that answers nothing for this long is declared hung and
-            replaced (default 5 s; must exceed ``poll_interval_s``).
+            replaced (default 5 s; must exceed ``poll_interval_s``). Longer on a host with
+            more runnable work than cores (up to 8x) or while most groups are silent at once
+            (4x): a starved or overloaded process is not hung (``Supervisor.hang_deadline``).
         init_timeout_s: how long building a group's trainers may take (imports, model and
             optimizer), at start and at every respawn (default 180 s).
         restart: :class:`RestartPolicy`: how many times a failed group is brought back and

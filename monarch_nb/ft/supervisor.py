@@ -14,6 +14,7 @@ an event, so a recovery's phases add up to the time the victim was out.
 from __future__ import annotations
 
 import logging
+import os
 import socket
 import threading
 import time
@@ -61,6 +62,7 @@ from .spares import Spare, SparePool
 
 log = logging.getLogger(__name__)
 OVERLOAD_PATIENCE = 4  # hang timeouts a group may stay silent while most groups are (hang_deadline)
+STARVED_PATIENCE = 8.0  # at most this many hang timeouts on an oversubscribed host (hang_deadline)
 POLLS_PER_S = 32  # the controller's polls per second in all, once there are enough groups (poll_interval)
 SPAWN_THREADS = 32  # groups brought up at once by spawn_all
 RESUME_RETRY_S = 5.0  # after a failed checkpoint load, the next try (at a poll that finds a group waiting)
@@ -101,6 +103,7 @@ class Supervisor:
         self._restart_lock = threading.Lock()  # guards the claim of _restarting (one thread restarts all)
         self._restarting = threading.Event()
         self._poll_deadlines: dict[int, float] = {}  # per group index; written by that group's thread only
+        self.host_load: Callable[[], float] = host_oversubscription
         self.spares: SparePool | None = None
         if config.spares:
             self.spares = SparePool(config.spares, self.build_spare, self.teardown_spare, emit)
@@ -385,7 +388,7 @@ class Supervisor:
             self.groups.touch(g, now)
             if all(v.get("state") == "finished" for v in result.values.values()):
                 self.set_state(g, FINISHED)
-        elif now - g.last_answer > self.hang_deadline(now):
+        elif now - g.last_answer > self.hang_deadline(now, g):
             t = time.time()
             return Failure(f"hang: no answer from ranks {result.missing} for {now - g.last_answer:.1f} s",
                            result.missing[0], t, "hang", stack=self.stack_of(g, result.missing[0]))
@@ -394,17 +397,27 @@ class Supervisor:
     def _poll_deadline_floor(self) -> float:
         return max(0.2, min(0.5, self.config.hang_timeout_s / 4))
 
-    def hang_deadline(self, now: float) -> float:
-        """Seconds of silence after which a group is failed as hung: ``hang_timeout_s``, unless
-        at least half of the (4 or more) training groups are silent at once. That is an
-        overloaded host or controller (32 groups on two cores: every poll answers late), and
-        failing them all would kill healthy groups and feed the overload with respawns; they
-        get OVERLOAD_PATIENCE times as long. A hang of one group is still caught in time."""
+    def hang_deadline(self, now: float, g: ReplicaGroup | None = None) -> float:
+        """Seconds of silence after which a group is failed as hung: ``hang_timeout_s``, longer
+        when the silence says more about the host than about the group (a process is failed for
+        its own fault, never for being starved of CPU):
+
+        * at least half of the (4 or more) training groups silent at once: an overloaded host or
+          controller; failing them all would kill healthy groups and feed the overload with
+          respawns: OVERLOAD_PATIENCE times as long;
+        * ``g`` runs on this host and the host is oversubscribed (1-minute load over cores > 1):
+          that many times as long, up to STARVED_PATIENCE. At 32 groups on two cores (load ~35)
+          a healthy group went 7-8 s between answers while a spare was built, and 14 answering
+          groups were failed as hung against 5 s. A hang is still caught, later on a starved host.
+        """
         timeout = self.config.hang_timeout_s
+        factor = 1.0
         silent, watched = self.groups.silent(now, timeout / 2)
         if watched >= 4 and silent >= watched / 2:
-            return OVERLOAD_PATIENCE * timeout
-        return timeout
+            factor = OVERLOAD_PATIENCE
+        if g is not None and _runs_here(g):
+            factor = max(factor, min(STARVED_PATIENCE, self.host_load()))
+        return factor * timeout
 
     def _finish_if_run_is_over(self, g: ReplicaGroup) -> bool:
         """The other groups trained to the run's last step and stopped while ``g`` was out: no
@@ -741,3 +754,14 @@ def next_poll_deadline(current: float, result: Any, floor: float, cap: float) ->
     if result.missing:
         return min(cap, max(floor, current * 2))
     return min(cap, max(floor, 3 * result.seconds))
+
+
+def host_oversubscription() -> float:
+    """Runnable work per core on this host (1-minute load average over CPUs): above 1, each
+    process gets less than a core, and a poll's answer waits its turn."""
+    return os.getloadavg()[0] / (os.cpu_count() or 1)
+
+
+def _runs_here(g: ReplicaGroup) -> bool:
+    here = socket.gethostname()
+    return any(host == here for _, host in g.procs)
