@@ -574,6 +574,23 @@ def test_an_identity_check_moves_ahead_when_fast_steps_outran_the_controllers_vi
     assert IdentityChecks(1, emitted.append).request([(0, 1), (1, 1)], lambda r, s: False) is None
 
 
+def test_an_identity_check_asks_every_group_at_once():
+    """Asked one after another, 32 groups answering ~1 s each on a busy host outran the steps the
+    check aimed ahead, and no check completed at R = 32. Every ask must be in flight together:
+    a barrier of 32 parties only opens if they are."""
+    import threading
+
+    from monarch_nb.ft.identity import IdentityChecks
+
+    barrier = threading.Barrier(32, timeout=10)
+
+    def ask(replica, step):
+        barrier.wait()
+        return True
+
+    assert IdentityChecks(group_size=1, emit=[].append).request([(r, 5) for r in range(32)], ask) == 8
+
+
 @pytest.mark.parametrize("groups, expected", [(2, 0.25), (8, 0.25), (16, 0.5), (32, 1.0)])
 def test_groups_are_polled_less_often_past_eight_so_the_controllers_polls_stay_flat(groups, expected):
     from monarch_nb.ft.groups import GroupTable
