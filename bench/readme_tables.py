@@ -6,6 +6,7 @@ writes what goes between them. Blocks:
   seed_clusters   the seed's clusters, from bench/results/seed_clusters.json
                   (bench/seed_clusters.py writes it from bench/bench_scale_model.py's failures)
   scale           2 to 16 groups, from bench/results/scale_quick.json (bench/bench_scale.py --quick)
+  scale_32        32 groups, from bench/results/scale_32.json (bench/bench_scale.py --groups 32 --quick)
 
 Usage: python bench/readme_tables.py            print the blocks
        python bench/readme_tables.py --check    exit 1, with a diff, if README.md differs
@@ -154,6 +155,9 @@ def blocks() -> dict[str, str]:
     scale = REPO / "bench/results/scale_quick.json"
     if scale.exists():
         out["scale"] = scale_block(json.loads(scale.read_text()))
+    scale_32 = REPO / "bench/results/scale_32.json"  # R = 32 alone: a run of its own (~7 min)
+    if scale_32.exists():
+        out["scale_32"] = scale_block(json.loads(scale_32.read_text()))
     return out
 
 
