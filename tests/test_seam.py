@@ -121,6 +121,23 @@ def test_quorum_recorder_keeps_the_managers_last_quorum_result(manager):
     assert seam.process_group_is_down(pg)
 
 
+def test_the_lighthouse_process_serves_quorums_without_loading_torch(manager):
+    """torchft's package imports torch: a Lighthouse started through it held 367 MB. Ours loads
+    only torchft's extension (lighthouse_server.py): no libtorch mapped, and it serves the quorum
+    the fixture's Manager just formed through it."""
+    import psutil
+
+    mgr, pg = manager
+    recorder = seam.record_quorums(mgr)
+    mgr.start_quorum()
+    pg.abort()  # the quorum configured it; nothing else will use it
+    assert recorder.last is not None and recorder.last.quorum_id >= 1
+    lighthouse = next(c for c in psutil.Process().children() if "lighthouse_server.py" in " ".join(c.cmdline()))
+    maps = {m.path for m in lighthouse.memory_maps()}
+    assert not [m for m in maps if "libtorch" in m], "the Lighthouse process loaded torch"
+    assert any("_torchft" in m for m in maps)
+
+
 def test_http_transport_port_is_where_its_checkpoint_server_listens():
     import socket
 

@@ -1,7 +1,7 @@
 """A real torchft Lighthouse, in its own process, owned by the run.
 
 The Lighthouse decides quorum membership from the Managers' heartbeats. It runs as a child
-process (``python -m monarch_nb.ft.lighthouse``) rather than inside the notebook kernel so
+process (``lighthouse_server.py``, run by path: torch-free, ~17 MB) rather than inside the notebook kernel so
 that a busy kernel cannot delay quorum ticks. The child prints its address as one JSON line
 and then waits on its stdin: when the controller closes the pipe - ``stop()``, or the
 kernel dying for any reason - the child shuts the server down and exits, so it can never
@@ -16,6 +16,9 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
+
+SERVER_SCRIPT = Path(__file__).with_name("lighthouse_server.py")
 
 
 @dataclass(frozen=True)
@@ -43,7 +46,8 @@ class Lighthouse:
         bind = s.bind
         if self.address is not None:  # a restart: same host and port as before
             bind = f"{s.bind.rsplit(':', 1)[0]}:{self.address.rsplit(':', 1)[1]}"
-        cmd = [sys.executable, "-m", "monarch_nb.ft.lighthouse", "--bind", bind,
+        # -P: the script's folder is not put on sys.path (its platform.py would shadow the stdlib's)
+        cmd = [sys.executable, "-P", str(SERVER_SCRIPT), "--bind", bind,
                "--min-replicas", str(s.min_replicas), "--join-timeout-ms", str(s.join_timeout_ms),
                "--quorum-tick-ms", str(s.quorum_tick_ms), "--heartbeat-timeout-ms", str(s.heartbeat_timeout_ms)]
         self._proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
@@ -91,36 +95,3 @@ class Lighthouse:
         finally:
             if proc.stdout:
                 proc.stdout.close()
-
-
-def _main() -> None:
-    import argparse
-
-    p = argparse.ArgumentParser(description="torchft Lighthouse bound to a given address; exits when stdin closes")
-    p.add_argument("--bind", default="127.0.0.1:0")
-    p.add_argument("--min-replicas", type=int, default=1)
-    p.add_argument("--join-timeout-ms", type=int, default=1000)
-    p.add_argument("--quorum-tick-ms", type=int, default=20)
-    p.add_argument("--heartbeat-timeout-ms", type=int, default=1000)
-    a = p.parse_args()
-    from torchft.coordination import LighthouseServer
-
-    server = LighthouseServer(bind=a.bind, min_replicas=a.min_replicas, join_timeout_ms=a.join_timeout_ms,
-                              quorum_tick_ms=a.quorum_tick_ms, heartbeat_timeout_ms=a.heartbeat_timeout_ms)
-    address = server.address()
-    host = a.bind.rsplit(":", 1)[0].strip("[]")
-    if host not in ("", "0.0.0.0", "::"):
-        # The server reports the machine's hostname; advertise the address it is bound to.
-        address = f"http://{host}:{address.rsplit(':', 1)[1]}"
-    print(json.dumps({"address": address, "pid": os.getpid()}), flush=True)
-    try:
-        while sys.stdin.buffer.read(4096):
-            pass
-    except KeyboardInterrupt:
-        pass
-    finally:
-        server.shutdown()
-
-
-if __name__ == "__main__":
-    _main()
