@@ -1,7 +1,8 @@
 """The Lighthouse's own process: run by file path (``python .../lighthouse_server.py``), never as
 part of the ``monarch_nb`` package, so that it imports nothing but the standard library and
 torchft's compiled extension. ``import torchft`` (or ``torchft.coordination``) imports torch
-first: the process held 367 MB for a server that needs ~17 MB.
+first: the process held 367 MB (measured in the controller-memory issue) for a server that needs
+none of torch.
 
 Prints ``{"address": ..., "pid": ...}`` as one JSON line, then serves until its stdin closes
 (the controller stopped it, or died): it can never outlive its controller.
