@@ -182,7 +182,9 @@ def test_a_save_that_cannot_be_written_is_recorded_and_training_goes_on(tmp_path
     try:
         run.start()
         run.wait_for(lambda e: e.kind == "checkpoint_saved", timeout=240)
-        shutil.rmtree(ckpt)
+        # moved away in one step: a save in flight may still be writing into it (rmtree raced
+        # with it: "Directory not empty")
+        ckpt.rename(tmp_path / "ckpt-moved-away")
         ckpt.write_text("in the way")
         since = time.time()
         failed = run.wait_for(lambda e: e.kind == "checkpoint_failed", timeout=120, since=since)
