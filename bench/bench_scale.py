@@ -260,6 +260,9 @@ def measure(replicas: int, mode: str, job: str, quick: bool, window_s: float) ->
         summary = {"groups": replicas, "mode": mode, "start_s": start_s,
                    "identity_checks": len(checks), "all_identical": all(c.identical for c in checks),
                    "checkpoints_saved": len(run.events.events("checkpoint_saved")),
+                   # heals beyond one per fault: groups dropped from a quorum (a starved box) catching up
+                   "healed_events": len(run.events.events("healed")),
+                   "faults": len(run.events.events("fault_injected")),
                    "start_cpu_s_per_group": statistics.mean(c for c in start_cpu if c is not None),
                    "rss_mb_per_group": statistics.mean(m[0] for m in mem),
                    "pss_mb_per_group": statistics.mean(m[1] for m in mem), **window}
