@@ -97,8 +97,7 @@ class Session:
         self._closed = False
         self._job_watch: threading.Thread | None = None
         self._timeouts: dict[tuple[str, str], tuple[float, int]] = {}  # (mesh, endpoint) -> (last event, since)
-        self._recent: dict[str, tuple[str, float]] = {}  # unique actor mesh name -> (mesh, torn down at)
-        self._late_accounts: set[tuple[str, int, str]] = set()  # (actor mesh, rank, reason) already recorded
+        self._recent: dict[str, tuple[MeshHandle, float]] = {}  # unique actor mesh name -> (mesh, torn down at)
         self._log_dirs: dict[str, Path] = {}  # mesh name -> where its workers' logs are (kept after down)
         self._job_watch_stop = threading.Event()
         self._remove_hook = _runtime.add_fault_listener(self._on_fault)
@@ -407,10 +406,9 @@ class Session:
         now = time.monotonic()
         with self._lock:  # remember what was torn down, to place Monarch's late reports about it
             self._recent = {k: v for k, v in self._recent.items() if now - v[1] < RECENT_MESH_MEMORY_S}
-            self._late_accounts = {a for a in self._late_accounts if a[0] in self._recent}
             for handle in handles:
                 for full_name in handle.actor_full_names.values():
-                    self._recent[full_name] = (handle.name, now)
+                    self._recent[full_name] = (handle, now)
 
         if len(handles) == 1:
             stop(handles[0])
@@ -550,11 +548,8 @@ class Session:
             # or stop, or the failure already reported (we act on our own checks first). Recorded
             # as an explanation, never as a failure of its own.
             for rank in ranks:
-                with self._lock:  # Monarch's hook repeats itself: each account once
-                    if (actor_full_name, rank, reason) in self._late_accounts:
-                        continue
-                    self._late_accounts.add((actor_full_name, rank, reason))
-                self._announce(WorkerExitReported(mesh=late[0], rank=rank, reason=reason))
+                if self._first_account(late[0], rank, reason):
+                    self._announce(WorkerExitReported(mesh=late[0].name, rank=rank, reason=reason))
             return
         with self._lock:
             owner = self.meshes.get(self._actor_owner.get(base, ""))
@@ -567,7 +562,7 @@ class Session:
             for rank in ranks:
                 if owner.mark_failed(rank, reason):
                     self._record_failure(owner, rank, reason)
-                elif _first_account(owner, rank, reason):  # our own check reported it: Monarch's words explain it
+                elif self._first_account(owner, rank, reason):  # our own check reported it: Monarch's words explain it
                     self._announce(WorkerExitReported(mesh=owner.name, rank=rank, reason=reason))
             return
         # Monarch's internal meshes (e.g. its logger) report too; find the dead pid ourselves.
@@ -588,6 +583,18 @@ class Session:
             self._timeouts[(mesh, endpoint)] = (now, 0)
         self.events.append(CallTimedOut(mesh=mesh, endpoint=endpoint, missing_ranks=ranks, timeout_s=timeout,
                                         repeats=suppressed + 1))
+
+    def _first_account(self, handle: MeshHandle, rank: int, reason: str) -> bool:
+        """True the first time ``reason`` is given for ``rank`` (Monarch's hook repeats itself)
+        when it is not already the reason the rank was reported failed with."""
+        if not 0 <= rank < len(handle.procs):
+            return False
+        proc = handle.procs[rank]
+        with self._lock:
+            if reason == proc.reason or reason in proc.accounts:
+                return False
+            proc.accounts.add(reason)
+        return True
 
     def report_failure(self, mesh: str, rank: int | None, cause: str, action: str | None = None) -> bool:
         """A rank of ``mesh`` failed, found by the caller's own check (a training run's
@@ -786,15 +793,3 @@ def current_session(create: bool = True) -> Session | None:
     if live:
         return live[-1]
     return Session() if create else None
-
-
-def _first_account(handle: MeshHandle, rank: int, reason: str) -> bool:
-    """True the first time ``reason`` is given for failed ``rank`` (Monarch's hook repeats itself)
-    when it is not already the reason the rank was reported failed with."""
-    if not 0 <= rank < len(handle.procs):
-        return False
-    proc = handle.procs[rank]
-    if reason == proc.reason or reason in proc.accounts:
-        return False
-    proc.accounts.add(reason)
-    return True

@@ -1,7 +1,7 @@
 """A real torchft Lighthouse, in its own process, owned by the run.
 
 The Lighthouse decides quorum membership from the Managers' heartbeats. It runs as a child
-process (``lighthouse_server.py``, run by path: torch-free, ~17 MB) rather than inside the notebook kernel so
+process (``lighthouse_server.py``, run by path: it loads no torch) rather than inside the notebook kernel so
 that a busy kernel cannot delay quorum ticks. The child prints its address as one JSON line
 and then waits on its stdin: when the controller closes the pipe - ``stop()``, or the
 kernel dying for any reason - the child shuts the server down and exits, so it can never

@@ -21,6 +21,7 @@ import time
 from typing import Any, Callable
 
 from ..meshes import exit_status, pid_alive
+from ..stacks import innermost_functions
 from ..telemetry.events import (
     Acquired,
     AllGroupsLost,
@@ -459,9 +460,9 @@ class Supervisor:
         """The failure as the notebook shows it: one notice per failed rank, naming the fault
         (Monarch's own report, when it came first, is that notice; this adds none)."""
         cause = failure.reason
-        where = _innermost_frame(failure.stack) if failure.stack else None
+        where = innermost_functions(failure.stack) if failure.stack else []
         if where:
-            cause += f"; stuck in {where}"
+            cause += f"; stuck in {' < '.join(where)}"
         try:
             self.session.report_failure(g.name, failure.rank, cause)
         except Exception as exc:  # the notice must never stop a recovery
@@ -730,15 +731,6 @@ def _trainer_class() -> type:
     from .trainer_actor import TrainerActor  # imports monarch and torch; kept out of module import time
 
     return TrainerActor
-
-
-def _innermost_frame(stack: str) -> str | None:
-    """The first frame line of a py-spy dump or a faulthandler dump (both innermost first):
-    where a hung rank is stuck."""
-    for line in stack.splitlines():
-        if (line.startswith("    ") and "(" in line) or line.lstrip().startswith('File "'):
-            return line.strip()
-    return None
 
 
 def next_poll_deadline(current: float, result: Any, floor: float, cap: float) -> float:
