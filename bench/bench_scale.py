@@ -262,6 +262,8 @@ def measure(replicas: int, mode: str, job: str, quick: bool, window_s: float) ->
                    "checkpoints_saved": len(run.events.events("checkpoint_saved")),
                    # heals beyond one per fault: groups dropped from a quorum (a starved box) catching up
                    "healed_events": len(run.events.events("healed")),
+                   "needless_heals": sum(1 for e in run.events.events("healed") if e.needless),
+                   "join_timeout_ms": next((e.join_timeout_ms for e in run.events.events("lighthouse_started")), None),
                    "faults": len(run.events.events("fault_injected")),
                    "start_cpu_s_per_group": statistics.mean(c for c in start_cpu if c is not None),
                    "rss_mb_per_group": statistics.mean(m[0] for m in mem),

@@ -27,7 +27,7 @@ import psutil  # noqa: E402
 
 from monarch_nb.ft import FTRun, RunConfig  # noqa: E402
 from monarch_nb.ft import supervisor as supervisor_module  # noqa: E402
-from monarch_nb.telemetry.events import FailureDetected  # noqa: E402
+from monarch_nb.telemetry.events import FailureDetected, Healed  # noqa: E402
 
 SAMPLE_S = 5.0
 
@@ -51,12 +51,16 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--groups", type=int, default=32)
     p.add_argument("--watch-s", type=float, default=150.0)
+    p.add_argument("--heartbeat-timeout-ms", type=int, default=None,
+                   help="the Lighthouse's heartbeat timeout (default: RunConfig's rule)")
     p.add_argument("--out", required=True)
     args = p.parse_args()
 
     polls = timed_polls()
     me = psutil.Process()
-    run = FTRun(RunConfig(replicas=args.groups, model="tiny"), run_name=f"hold{args.groups}-{time.strftime('%H%M%S')}")
+    extra = {} if args.heartbeat_timeout_ms is None else {"heartbeat_timeout_ms": args.heartbeat_timeout_ms}
+    run = FTRun(RunConfig(replicas=args.groups, model="tiny", **extra),
+                run_name=f"hold{args.groups}-{time.strftime('%H%M%S')}")
     t0 = time.time()
     run.start()
     start_s = time.time() - t0
@@ -83,13 +87,15 @@ def main() -> None:
                 "failures": dict(collections.Counter(e.source for e in run.events.events(FailureDetected)
                                                      if e.t >= watch_t0)),
                 "load": round(os.getloadavg()[0], 1),
+                # a heal with no fault: the group was left out of a quorum and caught up from a peer
+                "healed": sum(1 for e in run.events.events(Healed) if e.t >= watch_t0),
             }
             samples.append(sample)
             print(json.dumps(sample), flush=True)
     finally:
         stop = run.stop()
     last = samples[-1] if samples else {}
-    out = {"groups": args.groups, "watch_s": args.watch_s, "start_s": round(start_s, 1),
+    out = {"groups": args.groups, "watch_s": args.watch_s, "heartbeat_timeout_ms": run.config.heartbeat_timeout_ms, "start_s": round(start_s, 1),
            "all_at_step_3_s": round(trained_s, 1), "stop_s": round(stop.seconds, 1),
            "held": bool(samples) and not last.get("failures") and last["states"] == {"training": args.groups},
            "samples": samples}

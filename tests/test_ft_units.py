@@ -660,3 +660,42 @@ def test_a_group_starved_of_cpu_on_an_oversubscribed_host_is_not_a_hang():
     assert sup.hang_deadline(100.0, here) == STARVED_PATIENCE * 5.0
     sup.host_load = lambda: 0.3
     assert sup.hang_deadline(100.0, here) == 5.0
+
+
+def test_a_group_that_healed_past_the_checked_step_is_left_out_of_the_check():
+    """At R = 32 on two cores groups dropped from a quorum healed from a peer past the step the
+    check waited for, so it never heard from them and no check completed. A rank that skipped
+    the step says so (``hashes_skipped``); the check compares those that committed it."""
+    from monarch_nb.ft.identity import IdentityChecks
+    from monarch_nb.ft.ingest import EventIngest, HashReport, HashSkipped
+
+    emitted = []
+    checks = IdentityChecks(group_size=1, emit=emitted.append)
+    target = checks.request([(0, 10), (1, 10), (2, 10)], lambda r, s: True)
+    for r in (0, 1):
+        checks.record(HashReport(replica=r, rank=0, step=target, params="p", optim="o"))
+    assert emitted == []  # replica 2 was asked and has not answered: no verdict yet
+    [skip] = EventIngest(1).translate(2, {0: {"events": [{"kind": "hashes_skipped", "step": target, "at": target + 4,
+                                                          "t": 1.0}]}})
+    assert skip == HashSkipped(replica=2, rank=0, step=target, at=target + 4)
+    checks.skipped(skip)
+    [verdict] = emitted
+    assert verdict.step == target and verdict.identical and sorted(verdict.hashes) == ["replica0/rank0", "replica1/rank0"]
+    # every asked rank skipping it: the check is dropped, not left pending for ever
+    t2 = checks.request([(0, 20), (1, 20)], lambda r, s: True)
+    for r in (0, 1):
+        checks.skipped(HashSkipped(replica=r, rank=0, step=t2, at=t2 + 1))
+    assert len(emitted) == 1 and t2 not in checks._pending
+
+
+def test_the_join_timeout_stretches_with_processes_per_core_on_a_shared_host():
+    """32 groups on two cores: survivors came to the quorum after a failure more than the base
+    1 s apart, were left out and healed (153 heals for 2 faults). Stretched by processes per core."""
+    from monarch_nb.ft.lighthouse import join_timeout_for
+    from monarch_nb.ft.placement import Placement, SlurmPlacement
+
+    assert join_timeout_for(1000, 2, 2) == 1000  # a core each: unchanged
+    assert join_timeout_for(1000, 1, 8) == 1000  # never shorter than asked
+    assert join_timeout_for(1000, 9, 2) == 4500
+    assert join_timeout_for(1000, 33, 2) == 8000  # at most 8x
+    assert Placement.shares_this_host and not SlurmPlacement.shares_this_host

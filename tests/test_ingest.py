@@ -66,3 +66,18 @@ def test_events_of_all_ranks_come_out_in_time_order_and_digests_as_hash_reports(
                                1: {"events": [{**digest, "t": 1.5}]}})
     assert [type(e) for e in out] == [HashReport, Step, HashReport]
     assert [(h.rank, h.step) for h in out if isinstance(h, HashReport)] == [(1, 4), (0, 4)]
+
+
+def test_a_heal_says_why_a_recovery_a_new_group_or_a_group_left_out_of_quorums_with_no_fault():
+    """A busy host made groups nobody failed heal from a peer (153 heals for 2 faults at R = 32);
+    the event and the dashboard say so, with how far behind and how long unheard it was."""
+    ingest = EventIngest(group_size=1)
+    healed = {"kind": "healed", "t": 5.0, "bytes": 100, "seconds": 0.1, "source_replica": 0}
+    (alive,) = ingest.translate(1, {0: {"events": [{**healed, "step": 40, "from_step": 36, "unheard_s": 2.345}]}})
+    assert alive.needless and (alive.from_step, alive.unheard_s) == (36, 2.345)
+    assert alive.cause == "left out of the quorum with no fault: steps 37-40 committed without it, 2.3 s after its last commit"
+    ingest.expect_rejoin(2, failed_at=1.0)
+    (back,) = ingest.translate(2, {0: {"events": [{**healed, "step": 40, "from_step": 12, "unheard_s": 4.0}]}})
+    assert back.cause == "recovery" and not back.needless
+    (new,) = ingest.translate(3, {0: {"events": [{**healed, "step": 40, "from_step": None, "unheard_s": None}]}})
+    assert new.cause == "joining" and not new.needless

@@ -101,7 +101,9 @@ class RunConfig:
             leaves the quorum (default 300). It bounds how long survivors stall when a peer
             dies; too short drops slow-but-alive groups.
         join_timeout_ms: how long the Lighthouse waits for more groups to join before it
-            forms a quorum with the ones it has (default 1000).
+            forms a quorum with the ones it has (default 1000). When every group shares this
+            host, stretched by processes per core (at most 8x): survivors starved of CPU come to
+            the next quorum late, and one left out must heal from a peer.
         quorum_tick_ms: how often the Lighthouse re-evaluates the quorum (default 20).
         pg_timeout_s: cross-replica collectives (the gradient average, heals over "pg")
             give up after this many seconds (default 10); the group's own FSDP process group

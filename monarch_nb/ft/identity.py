@@ -5,7 +5,8 @@ group to report digests of its parameters and optimizer state right after commit
 future step (a few steps ahead, so every group reaches it); the reports come back with the
 groups' telemetry (:class:`~monarch_nb.ft.ingest.HashReport`) and, once every asked rank
 has answered, one ``ReplicasIdentical`` event records whether rank k of every group holds
-the same digests. A group that could not be asked is left out of that check.
+the same digests. A group that could not be asked is left out of that check, and so is one
+that healed past the step instead of committing it (:class:`~monarch_nb.ft.ingest.HashSkipped`).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
 from ..telemetry.events import Event, ReplicasIdentical
-from .ingest import HashReport
+from .ingest import HashReport, HashSkipped
 
 
 ASK_THREADS = 32  # groups asked at once by one check
@@ -85,10 +86,23 @@ class IdentityChecks:
             pending.got[(report.replica, report.rank)] = (report.params, report.optim)
         self._maybe_complete(report.step)
 
+    def skipped(self, report: HashSkipped) -> None:
+        """That rank never committed the step (it healed past it): the check goes on without it."""
+        with self._lock:
+            pending = self._pending.get(report.step)
+            if pending is None:
+                return
+            pending.expected.discard((report.replica, report.rank))
+            pending.got.pop((report.replica, report.rank), None)
+        self._maybe_complete(report.step)
+
     def _maybe_complete(self, step: int) -> None:
         with self._lock:
             pending = self._pending.get(step)
-            if pending is None or not pending.expected or not pending.expected <= set(pending.got):
+            if pending is not None and not pending.expected:  # every asked rank skipped it
+                del self._pending[step]
+                return
+            if pending is None or not pending.expected <= set(pending.got):
                 return
             del self._pending[step]
         got = pending.got

@@ -29,6 +29,17 @@ class HashReport:
     optim: str
 
 
+@dataclass(frozen=True)
+class HashSkipped:
+    """A rank armed for digests at ``step`` that never committed it: it healed from a peer to
+    ``at``, past the step. The check compares the groups that did commit it."""
+
+    replica: int
+    rank: int
+    step: int
+    at: int
+
+
 class EventIngest:
     def __init__(self, group_size: int) -> None:
         self.group_size = group_size
@@ -45,16 +56,16 @@ class EventIngest:
     def awaiting_rejoin(self, replica: int) -> bool:
         return replica in self._failed_at
 
-    def translate(self, replica: int, polls: dict[int, dict[str, Any]]) -> list[Event | HashReport]:
+    def translate(self, replica: int, polls: dict[int, dict[str, Any]]) -> list[Event | HashReport | HashSkipped]:
         """Typed events from one poll of a group (rank -> what that rank returned), in time order."""
         merged = sorted(((float(ev.get("t", 0.0)), rank, i, ev) for rank, value in polls.items()
                          for i, ev in enumerate(value.get("events", ()))), key=lambda x: x[:3])
-        out: list[Event | HashReport] = []
+        out: list[Event | HashReport | HashSkipped] = []
         for _, rank, _, ev in merged:
             out.extend(self._one(replica, rank, ev))
         return out
 
-    def _one(self, replica: int, rank: int, ev: dict[str, Any]) -> Iterable[Event | HashReport]:
+    def _one(self, replica: int, rank: int, ev: dict[str, Any]) -> Iterable[Event | HashReport | HashSkipped]:
         kind = ev.get("kind")
         t = float(ev.get("t", 0.0))
         if kind == "step" and rank == 0:
@@ -80,10 +91,21 @@ class EventIngest:
             if len(parts) >= self.group_size:
                 del self._heal_parts[replica]
                 first = parts[min(parts)]
-                yield Healed(t=max(float(p["t"]) for p in parts.values()), replica=replica, step=int(first["step"]),
+                step, from_step = int(first["step"]), first.get("from_step")
+                unheard = first.get("unheard_s")
+                if replica in self._failed_at:
+                    cause = "recovery"
+                elif from_step is None:
+                    cause = "joining"  # a new group (scale-up) catching up with the run
+                else:
+                    cause = (f"left out of the quorum with no fault: steps {from_step + 1}-{step} committed without "
+                             f"it, {unheard:.1f} s after its last commit")
+                yield Healed(t=max(float(p["t"]) for p in parts.values()), replica=replica, step=step,
                              bytes=sum(int(p["bytes"]) for p in parts.values()),
                              seconds=max(float(p["seconds"]) for p in parts.values()),
-                             source_replica=first.get("source_replica"))
+                             source_replica=first.get("source_replica"), cause=cause,
+                             from_step=None if from_step is None else int(from_step),
+                             unheard_s=None if unheard is None else round(float(unheard), 3))
         elif kind == "checkpoint_saved" and rank == 0:
             yield CheckpointSaved(t=t, replica=replica, step=int(ev["step"]), bytes=int(ev["bytes"]),
                                   seconds=float(ev["seconds"]), stall=float(ev["stall"]), path=str(ev["path"]))
@@ -99,3 +121,5 @@ class EventIngest:
         elif kind == "hashes":
             yield HashReport(replica=replica, rank=rank, step=int(ev["step"]), params=str(ev["params"]),
                              optim=str(ev["optim"]))
+        elif kind == "hashes_skipped":
+            yield HashSkipped(replica=replica, rank=rank, step=int(ev["step"]), at=int(ev.get("at", 0)))

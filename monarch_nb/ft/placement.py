@@ -19,6 +19,7 @@ class Placement:
     name = "local"
     bind_host = "127.0.0.1"  # what the Lighthouse binds: only this host must reach it
     advertise_host = "127.0.0.1"  # what workers advertise to peers ("auto": their node's address)
+    shares_this_host = True  # every group's processes share this host's cores
 
     def up_kwargs(self, index: int) -> dict[str, Any]:
         return {}
@@ -41,6 +42,7 @@ class HostMeshPlacement(Placement):
     name = "host_mesh"
     bind_host = "0.0.0.0"
     advertise_host = "auto"
+    shares_this_host = False
 
     def __init__(self, host_mesh_for: Callable[[int], Any]) -> None:
         self._host_mesh_for = host_mesh_for
@@ -93,6 +95,7 @@ class SlurmPlacement(Placement):
     name = "slurm"
     bind_host = "0.0.0.0"  # the Lighthouse must be reachable from the nodes
     advertise_host = "auto"
+    shares_this_host = False  # a node per allocation (on the test cluster the nodes share a host, unknown here)
 
     def __init__(self, spec: Any) -> None:
         self.spec = spec

@@ -136,6 +136,7 @@ class ReplicaTrainer:
         self._build_optim()
         self._build_data(data_dir)
         self._healed_info: dict[str, Any] | None = None
+        self._last_commit: tuple[int, float] | None = None  # (step, unix time) of our last committed step
         self._retry: _Retry | None = None
         self._comms_dead = False
         self._comms_retries = 0
@@ -558,10 +559,14 @@ class ReplicaTrainer:
                 ids = list(q.replica_ids)
                 if 0 <= q.recover_src_replica_rank < len(ids):
                     src = _replica_index(ids[q.recover_src_replica_rank])
+            # Where we were before the heal: a group that was never failed heals because quorums
+            # went on without it (on a starved host its heartbeats or its quorum request came late).
+            last_step, last_t = self._last_commit or (None, None)
             self.emit({"kind": "healed", "replica": self.replica, "rank": self.rank,
                        "step": self.manager.current_step(), "bytes": info["bytes"],
                        "seconds": recv.get("seconds", 0.0) + info["apply_seconds"],
-                       "source_replica": src, "t": time.time()})
+                       "source_replica": src, "from_step": last_step,
+                       "unheard_s": None if last_t is None else time.time() - last_t, "t": time.time()})
         if self.manager.current_step() < self.min_step:
             # The run had reached min_step, and this replica is behind it with nobody to heal
             # from (every group was lost): it must not train on from its initial weights. It
@@ -613,6 +618,7 @@ class ReplicaTrainer:
         if committed:
             self.optimizers.step()
             self.lr_schedulers.step()
+            self._last_commit = (step, time.time())
             if self.durable is not None:
                 self.durable.after_commit(step, saver=self._is_saver(q))
         elif not self._comms_dead:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import atexit
 import dataclasses
+import os
 import threading
 import time
 import uuid
@@ -51,7 +52,7 @@ from .history import RunHistory
 from .identity import IdentityChecks
 from .ingest import EventIngest
 from .injector import FaultInjector
-from .lighthouse import Lighthouse, LighthouseSettings
+from .lighthouse import Lighthouse, LighthouseSettings, join_timeout_for
 from .placement import placement_for
 from .platform import check_gpu_sharing, select_platform
 from .supervisor import Supervisor
@@ -319,11 +320,15 @@ class FTRun:
 
                 self._session = Session(events=self.events)
             atexit.register(self.stop, "interpreter exit")  # runs before the session's own atexit
+            join_ms = cfg.join_timeout_ms
+            if self.placement.shares_this_host:
+                join_ms = join_timeout_for(join_ms, (cfg.replicas + cfg.spares) * cfg.group_size, os.cpu_count() or 1)
             self.lighthouse = Lighthouse(LighthouseSettings(
                 bind=f"{self.placement.bind_host}:0", min_replicas=cfg.min_replicas,
-                join_timeout_ms=cfg.join_timeout_ms, quorum_tick_ms=cfg.quorum_tick_ms,
+                join_timeout_ms=join_ms, quorum_tick_ms=cfg.quorum_tick_ms,
                 heartbeat_timeout_ms=cfg.heartbeat_timeout_ms)).start()
-            self.events.append(LighthouseStarted(address=self.lighthouse.address or "?", pid=self.lighthouse.pid))
+            self.events.append(LighthouseStarted(address=self.lighthouse.address or "?", pid=self.lighthouse.pid,
+                                                 join_timeout_ms=join_ms))
             sup = self.supervisor = Supervisor(cfg, self._session, self.groups, self.placement,
                                                EventIngest(cfg.group_size), self.identity, self.events.append,
                                                self.faults.fired_time, self._trainer_args,

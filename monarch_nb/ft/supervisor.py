@@ -56,7 +56,7 @@ from .groups import (
     ReplicaGroup,
 )
 from .identity import IdentityChecks
-from .ingest import EventIngest, HashReport
+from .ingest import EventIngest, HashReport, HashSkipped
 from .placement import Placement
 from .platform import DEVICE_SLOT_ENV
 from .spares import Spare, SparePool
@@ -247,6 +247,8 @@ class Supervisor:
         for item in self.ingest.translate(g.index, result.values):
             if isinstance(item, HashReport):
                 self.identity.record(item)
+            elif isinstance(item, HashSkipped):
+                self.identity.skipped(item)
             else:
                 self._emit(item)
                 if item.kind == "rejoined":

@@ -128,12 +128,7 @@ class TrainerActor(Actor):
                     self._fail("comms: cross-replica process group aborted")
                     return
                 if rec["committed"]:
-                    with self._lock:
-                        want = rec["step"] in self._hash_steps
-                        self._hash_steps.discard(rec["step"])
-                    if want:
-                        self._emit({"kind": "hashes", "replica": self.replica, "rank": self.rank,
-                                    "step": rec["step"], **self.trainer.hashes(), "t": time.time()})
+                    self._report_hashes(rec["step"])
         except BaseException as e:  # noqa: BLE001 - anything here ends the group's training
             if self._stop.is_set():
                 return
@@ -141,6 +136,21 @@ class TrainerActor(Actor):
             self._emit({"kind": "trainer_error", "replica": self.replica, "rank": self.rank,
                         "error": f"{type(e).__name__}: {e}", "traceback": tb, "t": time.time()})
             self._fail(f"exception: {type(e).__name__}: {e}")
+
+    def _report_hashes(self, step: int) -> None:
+        """Digests for an armed step just committed; an armed step this group never committed
+        (it healed past it: dropped from a quorum on a busy host) is reported skipped, so the
+        check it belongs to compares the groups that did commit it instead of waiting forever."""
+        with self._lock:
+            want = step in self._hash_steps
+            skipped = sorted(s for s in self._hash_steps if s < step)
+            self._hash_steps -= {step, *skipped}
+        for s in skipped:
+            self._emit({"kind": "hashes_skipped", "replica": self.replica, "rank": self.rank, "step": s,
+                        "at": step, "t": time.time()})
+        if want:
+            self._emit({"kind": "hashes", "replica": self.replica, "rank": self.rank,
+                        "step": step, **self.trainer.hashes(), "t": time.time()})
 
     # ---- endpoints --------------------------------------------------------------------------
 

@@ -404,8 +404,9 @@ class DashboardModel:
         self.markers.append(Marker("heal", e.replica, e.step, e.t,
                                    f"from {e.source_replica}" if e.source_replica is not None else "healed"))
         src = f" from group {e.source_replica}" if e.source_replica is not None else ""
+        why = f" ({e.cause})" if e.needless else ""
         self._log(e, f"group {e.replica} healed{src} at step {e.step}: "
-                     f"{fmt_bytes(e.bytes)} in {e.seconds:.2f} s")
+                     f"{fmt_bytes(e.bytes)} in {e.seconds:.2f} s{why}")
         return {PLOT, TIMELINE, HEALTH}
 
     def _on_Rejoined(self, e: Rejoined) -> set[str]:

@@ -269,6 +269,7 @@ class LighthouseStarted(Event):
     kind: ClassVar[str] = "lighthouse_started"
     address: str
     pid: int | None
+    join_timeout_ms: int | None = None  # as started: stretched on an oversubscribed host (join_timeout_for)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -374,12 +375,24 @@ class Respawned(Event):
 
 @dataclass(frozen=True, kw_only=True)
 class Healed(Event):
+    """``cause`` says why: ``"recovery"`` (the group was failed and is coming back) or, for a
+    group nobody failed, that quorums went on without it (``from_step`` was its last commit,
+    ``unheard_s`` how long before the heal that was)."""
+
     kind: ClassVar[str] = "healed"
     replica: int
     step: int
     bytes: int
     seconds: float
     source_replica: int | None
+    cause: str = ""
+    from_step: int | None = None
+    unheard_s: float | None = None
+
+    @property
+    def needless(self) -> bool:
+        """Healed with no fault: it was left out of quorums while it was alive."""
+        return self.cause.startswith("left out")
 
 
 @dataclass(frozen=True, kw_only=True)
