@@ -255,10 +255,15 @@ def measure(replicas: int, mode: str, job: str, quick: bool, window_s: float) ->
             print(f"R={replicas:<3} {mode:<7} {kind:<5} spare={records[-1].spare!s:<5} detect={rec.detection_s}"
                   f" stall={stall_s} back={rec.total_s} heal={rec.heal_s} cpu/group={cost['cpu_s_per_group']:.2f}",
                   flush=True)
+        # one check across every group after the last recovery (the rejoins' own checks may have
+        # been overtaken by the next fault)
+        final = run.check_identical(timeout=300) if mode == "peer" else None
         history = run.history()
         checks = history.identity_checks()
         summary = {"groups": replicas, "mode": mode, "start_s": start_s,
                    "identity_checks": len(checks), "all_identical": all(c.identical for c in checks),
+                   "final_identical": None if final is None else final.identical,
+                   "final_identity_groups": None if final is None else len({k.split("/")[0] for k in final.hashes}),
                    "checkpoints_saved": len(run.events.events("checkpoint_saved")),
                    # heals beyond one per fault: groups dropped from a quorum (a starved box) catching up
                    "healed_events": len(run.events.events("healed")),

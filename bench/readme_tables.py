@@ -5,8 +5,8 @@ writes what goes between them. Blocks:
 
   seed_clusters   the seed's clusters, from bench/results/seed_clusters.json
                   (bench/seed_clusters.py writes it from bench/bench_scale_model.py's failures)
-  scale           2 to 16 groups, from bench/results/scale_quick.json (bench/bench_scale.py --quick)
-  scale_32        32 groups, from bench/results/scale_32.json (bench/bench_scale.py --groups 32 --quick)
+  scale           2 to 32 groups in one invocation, from bench/results/scale.json
+                  (bench/bench_scale.py --groups 2,4,8,16,32)
 
 Usage: python bench/readme_tables.py            print the blocks
        python bench/readme_tables.py --check    exit 1, with a diff, if README.md differs
@@ -100,14 +100,19 @@ def scale_block(result: dict[str, Any]) -> str:
             f"{result['seconds'] / 60:.0f} min). While training, no fault:",
             "",
             "| R | start s | start CPU-s/group | step s | step CPU-s/group | controller % core | dashboard % "
-            "| Lighthouse % | reaper % | events/s | RSS MB/group | PSS MB/group |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+            "| Lighthouse % | reaper % | events/s | RSS MB/group | PSS MB/group | identity checks (all identical) "
+            "| heals / faults (no fault) | join timeout s |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in runs:
+        heals = "-" if r.get("healed_events") is None else \
+            f"{r['healed_events']} / {r['faults']} ({_f(r.get('needless_heals'), 'd')})"
         head.append(f"| {r['groups']} | {r['start_s']:.0f} | {r['start_cpu_s_per_group']:.1f} | {r['step_s']:.2f} "
                     f"| {_f(r.get('step_cpu_s_per_group'), '.3f')} | {100 * r['controller_cpu']:.0f} "
                     f"| {100 * r['dashboard_cpu']:.1f} | {_f(r.get('lighthouse_cpu') and 100 * r['lighthouse_cpu'], '.1f')} "
                     f"| {_f(r.get('reaper_cpu') and 100 * r['reaper_cpu'], '.1f')} | {r['events_per_s']:.0f} "
-                    f"| {r['rss_mb_per_group']:.0f} | {r['pss_mb_per_group']:.0f} |")
+                    f"| {r['rss_mb_per_group']:.0f} | {r['pss_mb_per_group']:.0f} "
+                    f"| {r['identity_checks']} ({'yes' if r['all_identical'] else '**no**'}) | {heals} "
+                    f"| {_f(r.get('join_timeout_ms') and r['join_timeout_ms'] / 1000, '.1f')} |")
     head += ["", "Each failure (peer: the victim's recovery; restart: every group's; stall = the survivors' "
              "longest gap between commits, in seconds and in median steps):", "",
              "| R | mode | fault | spare | detect s | stall s | stall steps | back s | heal s | CPU-s/group "
@@ -152,12 +157,9 @@ def _scale_targets(result: dict[str, Any]) -> list[str]:
 def blocks() -> dict[str, str]:
     seed = json.loads((REPO / "bench/results/seed_clusters.json").read_text())
     out = {"seed_clusters": seed_block(seed)}
-    scale = REPO / "bench/results/scale_quick.json"
+    scale = REPO / "bench/results/scale.json"
     if scale.exists():
         out["scale"] = scale_block(json.loads(scale.read_text()))
-    scale_32 = REPO / "bench/results/scale_32.json"  # R = 32 alone: a run of its own (~7 min)
-    if scale_32.exists():
-        out["scale_32"] = scale_block(json.loads(scale_32.read_text()))
     return out
 
 

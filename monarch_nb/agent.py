@@ -32,7 +32,7 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any
 
-from monarch.actor import Actor, concurrent_endpoint, current_rank, endpoint
+from monarch.actor import Actor, concurrent_endpoint, context, current_rank, endpoint
 
 from . import worker_logs
 
@@ -97,6 +97,51 @@ class _Cell:
     stderr: io.StringIO = field(default_factory=io.StringIO)
     interrupt: threading.Event = field(default_factory=threading.Event)
     started: float = field(default_factory=time.monotonic)
+    rank: int = 0
+    point: dict[str, int] = field(default_factory=dict)
+    actor_id: Any = None  # the agent's, for Monarch's debugger (who is stopped where)
+    debug_controller: Any = None  # returns Monarch's DebugController in the client (seam.actor_debug_controller)
+    pdb: Any = None  # Monarch's remote pdb, once the cell called breakpoint()
+    paused: Paused | None = None  # where it waits for debugger commands now
+
+
+@dataclass(frozen=True)
+class Paused:
+    """A cell stopped in Monarch's debugger: where, as the notebook names it."""
+
+    rank: int
+    where: str  # "In [7] line 3, in <module>" or "file.py line 12, in f"
+    line: str  # the source line it stopped at
+    actor: str = ""  # the name Monarch's debugger knows it by: ``attach <actor> <rank>``
+
+
+def _cell_breakpointhook(*args: Any, **kwargs: Any) -> None:
+    """``breakpoint()`` in a cell's thread stops that rank in Monarch's own debugger, as in an
+    endpoint; anywhere else (actor code) Monarch's hook runs as before."""
+    from . import seam
+
+    cell = _cells.get(threading.get_ident())
+    if cell is None or cell.actor_id is None:
+        if seam.is_monarch_breakpointhook(_monarch_breakpointhook):
+            return seam.actor_breakpoint(sys._getframe(1))  # stop in the caller, not in this hook
+        return _monarch_breakpointhook(*args, **kwargs)
+
+    def on_stop(frame: Any) -> None:
+        cell.paused = None if frame is None else _paused_at(cell.rank, frame, seam.actor_name(cell.actor_id))
+
+    if cell.pdb is None:
+        cell.pdb = seam.cell_pdb(cell.rank, cell.point, cell.actor_id, cell.debug_controller(), on_stop)
+    cell.pdb.set_trace(sys._getframe(1))
+
+
+def _paused_at(rank: int, frame: Any, actor: str) -> Paused:
+    name = frame.f_code.co_filename
+    where = name[len("<monarch cell "):-1] if name.startswith("<monarch cell ") else os.path.basename(name)
+    return Paused(rank, f"{where} line {frame.f_lineno}, in {frame.f_code.co_name}",
+                  linecache.getline(name, frame.f_lineno, frame.f_globals).strip(), actor)
+
+
+_monarch_breakpointhook: Any = sys.breakpointhook  # replaced by Monarch's at the worker's bootstrap
 
 
 _cells: dict[int, _Cell] = {}  # thread ident -> the cell running on it
@@ -184,6 +229,24 @@ class _PostMortem(pdb.Pdb):
         return self.buffer.getvalue()
 
 
+def _install_breakpointhook() -> None:
+    global _monarch_breakpointhook
+    if sys.breakpointhook is not _cell_breakpointhook:
+        _monarch_breakpointhook = sys.breakpointhook
+        sys.breakpointhook = _cell_breakpointhook
+
+
+def _end_debugging(pdb_: Any) -> None:
+    """The cell ended: no trace left on its thread, and Monarch's debugger forgets the rank
+    (what Monarch does when an endpoint that stopped in it returns)."""
+    sys.settrace(None)
+    try:
+        pdb_.clear_all_breaks()
+        pdb_.end_debug_session()
+    except Exception:  # the session was never started (the controller was unreachable)
+        pass
+
+
 class ProcAgent(Actor):
     def __init__(self) -> None:
         self._ns = _Namespace()
@@ -193,7 +256,10 @@ class ProcAgent(Actor):
         self._last_error: BaseException | None = None
         self._debugger: _PostMortem | None = None
         self._log_file: str | None = None
+        self._actor_id: Any = None
+        self._debug_controller: Any = None
         _route_streams()
+        _install_breakpointhook()
 
     def _rank(self) -> int:
         return self._mesh_rank if self._mesh_rank is not None else current_rank().rank
@@ -227,6 +293,11 @@ class ProcAgent(Actor):
                               "native code); wait for it, or `%monarch replace` the mesh")
         loop = asyncio.get_running_loop()
         done: asyncio.Future[CellOutput] = loop.create_future()
+        if self._actor_id is None:
+            from . import seam
+
+            self._actor_id = context().actor_instance.actor_id
+            self._debug_controller = seam.actor_debug_controller()
 
         def work() -> None:
             out = self._execute(rank, code, push, cell or f"#{next(_cell_numbers)}")
@@ -237,7 +308,8 @@ class ProcAgent(Actor):
         return await done
 
     def _execute(self, rank: int, code: str, push: dict[str, Any] | None, name: str) -> CellOutput:
-        cell = self._running = _Cell(threading.get_ident())
+        cell = self._running = _Cell(threading.get_ident(), rank=rank, point=dict(self._mesh_point),
+                                     actor_id=self._actor_id, debug_controller=self._debug_controller)
         _cells[cell.thread_id] = cell
         ns = self._ns.values
         ns["rank"] = rank  # a cell runs in no actor of the user's: current_rank() has nothing to say there
@@ -266,11 +338,19 @@ class ProcAgent(Actor):
             if not interrupted:
                 self._last_error, self._debugger = exc, None
         finally:
+            if cell.pdb is not None:
+                _end_debugging(cell.pdb)
             _cells.pop(cell.thread_id, None)
             self._running = None
         return CellOutput(rank=rank, stdout=cell.stdout.getvalue(), stderr=cell.stderr.getvalue(), result=result,
                           error=error, traceback=tb, interrupted=interrupted,
                           seconds=time.monotonic() - cell.started)
+
+    @endpoint
+    async def paused(self) -> Paused | None:
+        """Where this rank's cell waits in Monarch's debugger (None: running, or no cell)."""
+        cell = self._running
+        return cell.paused if cell is not None else None
 
     @endpoint
     async def interrupt(self) -> bool:

@@ -48,6 +48,8 @@ class MeshResult:
 _CHECK_S = 0.1
 # After an interrupt, how long replies are still taken (the interrupted ranks' own answers).
 INTERRUPT_GRACE_S = 1.0
+# How often a wait runs its ``while_waiting`` look (is a waited-on rank stopped in the debugger?).
+WHILE_WAITING_S = 1.0
 
 
 class Replies:
@@ -104,13 +106,17 @@ class CallWatch:
 
 def gather(endpoint: Any, name: str, args: tuple, kwargs: dict, ranks: list[int], timeout: float,
            dead: Callable[[], set[int]] | None = None, *, on_interrupt: Callable[[], None] | None = None,
-           watch: CallWatch | None = None, global_ranks: list[int] | None = None) -> MeshResult:
+           watch: CallWatch | None = None, global_ranks: list[int] | None = None,
+           while_waiting: Callable[[set[int]], None] | None = None) -> MeshResult:
     """Collect every reply of one call to ``ranks`` (slice-local) until all arrive, the deadline
     passes, or ``dead()`` (slice-local ranks known dead) names one that has not answered.
 
     Ctrl-C stops the wait within 0.1 s and raises :class:`CallInterrupted` with what came.
     With ``on_interrupt`` (which tells the ranks to stop), replies are still taken for
-    ``INTERRUPT_GRACE_S`` first, so the interrupted ranks' own answers are in the result."""
+    ``INTERRUPT_GRACE_S`` first, so the interrupted ranks' own answers are in the result.
+    ``while_waiting(pending global ranks)`` runs every ``WHILE_WAITING_S`` on this thread (the
+    cell's debugger: ranks stopped at a breakpoint); the time it takes does not count against
+    the deadline."""
     started = time.monotonic()
     result = MeshResult(endpoint=name, ranks=list(ranks))
     pending = set(ranks)
@@ -118,11 +124,18 @@ def gather(endpoint: Any, name: str, args: tuple, kwargs: dict, ranks: list[int]
     if watch is not None:
         watch.total, watch.pending = len(pending), {to_global(r) for r in pending}
     replies = Replies(endpoint, args, kwargs, timeout)
+    next_look = started + WHILE_WAITING_S
 
     def take() -> None:
+        nonlocal next_look
         while pending:
             if replies.left() <= 0 or (dead is not None and pending & dead()):
                 return
+            if while_waiting is not None and time.monotonic() >= next_look:
+                t0 = time.monotonic()
+                while_waiting({to_global(r) for r in pending})
+                replies.deadline += time.monotonic() - t0
+                next_look = time.monotonic() + WHILE_WAITING_S
             reply = replies.next(_CHECK_S)
             if reply is None:
                 continue

@@ -286,3 +286,86 @@ def show_interrupts_in_one_line(shell: Any, types: tuple[type, ...]) -> None:
         return stb
 
     shell.set_custom_exc(types, one_line)
+
+
+def actor_debug_controller() -> Callable[[], Any]:
+    """Call in an endpoint: a function that, from any thread, returns the ``DebugController`` of
+    the client that spawned this actor (Monarch's ``debug_controller()`` asks the calling
+    context's controller registry: from a plain thread of a worker that is the worker's own, so
+    each worker spawned a controller of its own and the second could not bind the debug port).
+    ``_controller_controller`` is private."""
+    from monarch.actor import context
+    from monarch._src.actor.debugger.debug_controller import DebugController
+    from monarch._src.actor.sync_state import fake_sync_state
+
+    registry = context().actor_instance._controller_controller
+
+    def get() -> Any:
+        with fake_sync_state():
+            return registry.get_or_spawn.call_one(registry, "debug_controller", DebugController).get()
+
+    return get
+
+
+def cell_pdb(rank: int, coords: dict[str, int], actor_id: Any, controller: Any,
+             on_stop: Callable[[Any], None]) -> Any:
+    """Monarch's own remote pdb for code that runs outside any endpoint (a ``%%monarch`` cell's
+    thread): the ``PdbWrapper`` that Monarch's ``breakpoint()`` hook builds, driven by the
+    ``DebugController`` in the client process (``monarch debug``'s TCP protocol). The hook
+    reads rank and actor from the endpoint's context, which a cell thread does not have, so
+    they are given here (``controller`` from :func:`actor_debug_controller`). ``on_stop(frame)``
+    is called when it stops for commands and ``on_stop(None)`` when it goes on. ``PdbWrapper``
+    is private to Monarch."""
+    from monarch._src.actor.debugger.pdb_wrapper import PdbWrapper
+
+    class CellPdb(PdbWrapper):
+        def interaction(self, frame: Any, tb: Any) -> None:
+            on_stop(frame)
+            try:
+                super().interaction(frame, tb)
+            finally:
+                on_stop(None)
+
+    return CellPdb(rank, coords, actor_id, controller)
+
+
+def is_monarch_breakpointhook(hook: Any) -> bool:
+    """Whether ``hook`` is the one Monarch's worker bootstrap installs (``remote_breakpointhook``)."""
+    return getattr(hook, "__module__", "") == "monarch._src.actor.debugger.breakpoint"
+
+
+def actor_breakpoint(frame: Any) -> None:
+    """What Monarch's ``remote_breakpointhook`` does, stopping at ``frame``: that hook stops at
+    its caller's frame, which is ours when we dispatch to it (an endpoint's ``breakpoint()``
+    would stop in our hook). ``DebugContext`` and ``PdbWrapper`` are private."""
+    from monarch.actor import context, debug_controller
+    from monarch._src.actor.actor_mesh import DebugContext
+    from monarch._src.actor.debugger.pdb_wrapper import PdbWrapper
+
+    ctx = context()
+    rank = ctx.message_rank
+    pdb = PdbWrapper(rank.rank, {k: rank[k] for k in rank}, ctx.actor_instance.actor_id, debug_controller())
+    DebugContext.set(DebugContext(pdb))
+    pdb.set_trace(frame)
+
+
+def actor_name(actor_id: Any) -> str:
+    """The name Monarch's debugger lists an actor's sessions under (``ActorId.actor_name``)."""
+    return str(actor_id.actor_name)
+
+
+def debug_server_address() -> tuple[str, int]:
+    """Where Monarch's debug server (its ``DebugController``, in the client process) listens:
+    ``MONARCH_DEBUG_SERVER_HOST``/``_PORT``, default localhost:27000. The readers are private
+    to ``monarch.tools.debug_env``."""
+    from monarch.tools import debug_env
+
+    return debug_env._get_debug_server_host(), int(debug_env._get_debug_server_port())
+
+
+def start_debug_server() -> None:
+    """Spawn Monarch's ``DebugController`` here (once per process) so its server listens; a
+    rank's first ``breakpoint()`` would spawn it too."""
+    from monarch.actor import debug_controller
+
+    debug_controller()

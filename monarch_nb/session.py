@@ -506,16 +506,18 @@ class Session:
     # ---- calls with deadlines ----------------------------------------------------------
 
     def deadline(self, actors: Any, timeout: float | None = None, *, on_interrupt: Callable[[], None] | None = None,
-                 watch: CallWatch | None = None) -> "DeadlineMesh":
+                 watch: CallWatch | None = None,
+                 while_waiting: Callable[[set[int]], None] | None = None) -> "DeadlineMesh":
         """A view of ``actors`` whose endpoints take Monarch's adverbs but never wait past ``timeout``.
 
         ``session.deadline(trainers, 5).step.call(batch)`` returns a ``MeshResult`` or
         raises ``CallTimeout`` naming the ranks that did not answer. Ctrl-C ends the wait at
         once with ``CallInterrupted`` (``on_interrupt`` runs first, to stop the ranks too);
-        ``watch`` (a ``CallWatch``) follows which ranks answered.
+        ``watch`` (a ``CallWatch``) follows which ranks answered; ``while_waiting(pending ranks)``
+        runs every second of a ``gather`` (its time is not counted against the deadline).
         """
         return DeadlineMesh(self, actors, self.default_timeout if timeout is None else timeout,
-                            on_interrupt=on_interrupt, watch=watch)
+                            on_interrupt=on_interrupt, watch=watch, while_waiting=while_waiting)
 
     def owner_of(self, actors: Any) -> MeshHandle | None:
         """The mesh an actor mesh (or a slice of one) was spawned on, if this session spawned it."""
@@ -692,7 +694,8 @@ class DeadlineEndpoint:
 
         try:
             result = gather(self._endpoint, self._label, args, kwargs, local_live, view.timeout, dead,
-                            on_interrupt=view.on_interrupt, watch=view.watch, global_ranks=ranks)
+                            on_interrupt=view.on_interrupt, watch=view.watch, global_ranks=ranks,
+                            while_waiting=view.while_waiting)
         except CallInterrupted as exc:
             _to_global(exc.result, ranks, failed)
             raise
@@ -744,11 +747,12 @@ class DeadlineMesh:
     ``gather``/``call`` (to stop the ranks too), ``watch`` follows its progress."""
 
     def __init__(self, session: Session, actors: Any, timeout: float, *,
-                 on_interrupt: Callable[[], None] | None = None, watch: CallWatch | None = None) -> None:
+                 on_interrupt: Callable[[], None] | None = None, watch: CallWatch | None = None,
+                 while_waiting: Callable[[set[int]], None] | None = None) -> None:
         if timeout <= 0:
             raise ValueError(f"timeout must be positive seconds, got {timeout!r}")
         self.session, self.actors, self.timeout = session, actors, timeout
-        self.on_interrupt, self.watch = on_interrupt, watch
+        self.on_interrupt, self.watch, self.while_waiting = on_interrupt, watch, while_waiting
 
     def __getattr__(self, name: str) -> DeadlineEndpoint:
         if name.startswith("_"):

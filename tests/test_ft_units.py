@@ -699,3 +699,22 @@ def test_the_join_timeout_stretches_with_processes_per_core_on_a_shared_host():
     assert join_timeout_for(1000, 9, 2) == 4500
     assert join_timeout_for(1000, 33, 2) == 8000  # at most 8x
     assert Placement.shares_this_host and not SlurmPlacement.shares_this_host
+
+
+def test_a_group_that_fails_before_the_checked_step_is_left_out_of_the_check():
+    """At R = 32 each check asked after a rejoin still waited on a group the next fault took, and
+    none completed: a failed group is dropped from every pending check."""
+    from monarch_nb.ft.identity import IdentityChecks
+    from monarch_nb.ft.ingest import HashReport
+
+    emitted = []
+    checks = IdentityChecks(group_size=2, emit=emitted.append)
+    target = checks.request([(0, 10), (1, 10), (2, 10)], lambda r, s: True)
+    for r in (0, 1):
+        for k in (0, 1):
+            checks.record(HashReport(replica=r, rank=k, step=target, params=f"p{k}", optim="o"))
+    checks.record(HashReport(replica=2, rank=0, step=target, params="other", optim="o"))  # then group 2 died
+    assert emitted == []
+    checks.left_out(2)
+    [verdict] = emitted
+    assert verdict.identical and sorted(verdict.hashes) == [f"replica{r}/rank{k}" for r in (0, 1) for k in (0, 1)]

@@ -115,3 +115,61 @@ def test_interrupting_a_wait_returns_at_once_and_the_run_keeps_training(kernel):
     assert status == "ok" and "[replica1 rank 0]" in out and "log files in" in out, out
     status, out = run(client, "%monarch stop")
     assert status == "ok", out
+
+
+def test_breakpoints_in_a_cell_on_two_ranks_are_stepped_and_continued_from_the_notebook(kernel):
+    """A live ``breakpoint()`` in a %%monarch cell stops both ranks in Monarch's own debugger; the
+    cell says which rank waits where and hands the notebook that debugger: from the input box
+    (JupyterLab), or from commands on the cell's line (headless). Then the cell's output comes."""
+    _, client = kernel
+    run(client, "%monarch up --procs 2")
+    cell = "x = 10 * rank\nbreakpoint()\ny = x + 1\nprint(f'rank {rank} y={y}')"
+    answers = iter(["attach nb_agent_main 1", "n", "p x, y", "c", "continue"])
+    prompts = []
+
+    def stdin_hook(msg):
+        prompts.append(msg["content"]["prompt"])
+        client.input(next(answers))
+
+    reply, messages = execute(client, "%%monarch\n" + cell, timeout=180, allow_stdin=True, stdin_hook=stdin_hook)
+    text = "".join(c.get("text", "") + c.get("data", {}).get("text/plain", "") for k, c in messages
+                   if k in ("stream", "display_data"))
+    assert reply["status"] == "ok", text
+    assert "ranks [0-1] stopped at breakpoint():" in text
+    assert "rank 1 (attach nb_agent_main 1): In [" in text and "line 3, in <module>: y = x + 1" in text
+    assert prompts == ["monarch_dbg> ", "(Pdb) ", "(Pdb) ", "(Pdb) ", "monarch_dbg> "], prompts
+    assert "(10, 11)" in text  # rank 1 stepped over `y = x + 1`
+    assert "rank 0 y=1" in text and "rank 1 y=11" in text  # both ranks ran on to the end of the cell
+
+    # headless (no input box): the commands go on the cell's line
+    status, out = run(client, "%%monarch --debug 'attach nb_agent_main 0' 'p x' c continue\n" + cell, timeout=180)
+    assert status == "ok", out
+    assert "(Pdb) p x\n0\n" in out and "rank 0 y=1" in out and "rank 1 y=11" in out
+
+
+def test_a_breakpoint_in_actor_code_is_driven_with_monarch_debug_live(kernel):
+    """Monarch's own debugger on an endpoint's ``breakpoint()``: the call is in flight, and
+    ``%monarch debug --live`` lists who waits where, attaches, inspects and continues."""
+    _, client = kernel
+    run(client, "%monarch up --procs 2")
+    status, out = run(client, textwrap.dedent("""\
+        import monarch_nb
+        from monarch.actor import Actor, endpoint
+
+        class Stepper(Actor):
+            @endpoint
+            def work(self, x: int) -> int:
+                y = x * 2
+                breakpoint()
+                return y + 1
+
+        in_flight = monarch_nb.current_session().spawn("steppers", Stepper).work.call(20)
+        """))
+    assert status == "ok", out
+    status, out = run(client, "%monarch debug --live list 'attach steppers 1' 'p x, y' c continue", timeout=120)
+    assert status == "ok", out
+    assert out.count("| steppers ") >= 2 and "(20, 40)" in out
+    status, out = run(client, "print(sorted(in_flight.get().values()))")
+    assert status == "ok" and "[41, 41]" in out, out
+    status, out = run(client, "%monarch debug")
+    assert status == "error" and "give --rank K" in out and "--live" in out

@@ -60,6 +60,12 @@ def test_shipped_notebook_runs_headless(notebook):
         interrupted = next(text for src, text in out.items() if "time.sleep(120)" in text and "interrupted" in text)
         assert "the cell stopped on ranks [0-2]; the mesh is up for the next cell" in interrupted
         assert all(f"rank {r} slept" in "".join(out.values()) for r in range(3))
+    if notebook.name == "02_fault_tolerant_training.ipynb":  # `%monarch dashboard`, then `%monarch stop` cells later
+        (shown,) = [o for c in executed.cells if c.cell_type == "code" and c.source == "%monarch dashboard"
+                    for o in c.outputs]
+        static = "".join(shown["data"]["text/html"])  # what a viewer without a kernel sees
+        assert "data-state='stopped'" in static and "data-state='training'" not in static, \
+            "the saved static copy must be the run's final state, not the state when the cell ran"
 
 
 @pytest.mark.slurm

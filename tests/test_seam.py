@@ -9,6 +9,7 @@ import importlib
 import importlib.util
 import os
 import signal
+import sys
 from datetime import timedelta
 
 import pytest
@@ -296,3 +297,29 @@ def test_our_interrupts_show_as_one_line_through_ipython_s_custom_exception_hook
         assert "Traceback" in cap.stdout or "---" in cap.stdout
     finally:
         shell.set_custom_exc((), None)
+
+
+def test_monarchs_debugger_pieces_that_live_breakpoints_use_are_where_we_look(monkeypatch):
+    """Live breakpoints (agent.py, live_debug.py) build Monarch's own remote pdb for a cell's thread
+    and reach its debug server; the real path runs in tests/test_kernel_interactive.py."""
+    import inspect
+
+    from monarch._src.actor.actor_mesh import DebugContext
+    from monarch._src.actor.debugger import breakpoint as monarch_breakpoint
+    from monarch._src.actor.debugger.pdb_wrapper import PdbWrapper
+    from monarch._src.actor.proc_mesh import get_or_spawn_controller
+
+    assert seam.is_monarch_breakpointhook(monarch_breakpoint.remote_breakpointhook)
+    assert not seam.is_monarch_breakpointhook(sys.__breakpointhook__)
+    for name in ("set_trace", "interaction", "clear_all_breaks", "end_debug_session"):
+        assert callable(getattr(PdbWrapper, name)), name
+    assert callable(DebugContext.set)
+    assert "_controller_controller" in inspect.getsource(get_or_spawn_controller)  # actor_debug_controller
+    monkeypatch.setenv("MONARCH_DEBUG_SERVER_PORT", "27123")
+    monkeypatch.setenv("MONARCH_DEBUG_SERVER_HOST", "127.0.0.1")
+    assert seam.debug_server_address() == ("127.0.0.1", 27123)
+
+    class ActorId:
+        actor_name = "nb_agent_main"
+
+    assert seam.actor_name(ActorId()) == "nb_agent_main"

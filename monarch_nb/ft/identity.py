@@ -6,7 +6,8 @@ future step (a few steps ahead, so every group reaches it); the reports come bac
 groups' telemetry (:class:`~monarch_nb.ft.ingest.HashReport`) and, once every asked rank
 has answered, one ``ReplicasIdentical`` event records whether rank k of every group holds
 the same digests. A group that could not be asked is left out of that check, and so is one
-that healed past the step instead of committing it (:class:`~monarch_nb.ft.ingest.HashSkipped`).
+that healed past the step instead of committing it (:class:`~monarch_nb.ft.ingest.HashSkipped`),
+or that failed before committing it.
 """
 
 from __future__ import annotations
@@ -85,6 +86,19 @@ class IdentityChecks:
                 return
             pending.got[(report.replica, report.rank)] = (report.params, report.optim)
         self._maybe_complete(report.step)
+
+    def left_out(self, replica: int) -> None:
+        """The group failed: every check still waiting on it compares the others (at R = 32 a
+        check asked after one rejoin was still waiting when the next fault took a group it had
+        asked, and no check of that run completed)."""
+        with self._lock:
+            steps = list(self._pending)
+            for pending in self._pending.values():
+                pending.expected -= {(replica, k) for k in range(self.group_size)}
+                for k in range(self.group_size):
+                    pending.got.pop((replica, k), None)
+        for step in steps:
+            self._maybe_complete(step)
 
     def skipped(self, report: HashSkipped) -> None:
         """That rank never committed the step (it healed past it): the check goes on without it."""

@@ -529,6 +529,7 @@ class FTRun:
         if self.lighthouse is not None:
             self.lighthouse.stop()
         self.events.append(RunStopped(run_id=self.run_id, reason=reason))
+        self._draw_final_dashboard()
         newest = latest_complete(self.checkpoint_dir) if self.config.checkpoint_every else None
         self._stop_report = StopReport(run_id=self.run_id, seconds=time.monotonic() - t0,
                                        newest_checkpoint=newest.step if newest else None,
@@ -540,6 +541,19 @@ class FTRun:
                 pass
         self.events.close()
         return self._stop_report
+
+    def _draw_final_dashboard(self) -> None:
+        """The stopped state drawn while the stopping cell runs: a notebook executed headless
+        (nbclient) records a displayed dashboard's static copy only from messages sent while a
+        cell executes, and the dashboard's own thread drew the stop after the cell had ended, so
+        the saved notebook showed the run as it was when the dashboard was shown."""
+        dash = self._dashboard
+        if dash is None or dash.closed:
+            return
+        try:
+            dash.flush()
+        except Exception:  # the UI never stands in the way of a stop
+            pass
 
     def _remove_torn_checkpoints(self) -> list[CheckpointAbandoned]:
         """Once every writer is gone: remove saves that never completed, each recorded once

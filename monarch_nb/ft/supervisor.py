@@ -603,6 +603,7 @@ class Supervisor:
                                    detection_s=(failure.t - fired) if fired else None, source=failure.source,
                                    stack=failure.stack))
         self.set_state(g, FAILED, failure.reason[:200])
+        self.identity.left_out(g.index)  # its digests at a checked step will never come
         self.report(g, failure)
         policy = self.config.restart
         while not self.stopping.is_set() and not getattr(self.session, "_closed", False):

@@ -10,6 +10,8 @@ it and changes nothing.
 from __future__ import annotations
 
 import logging
+import os
+import socket
 import warnings
 from typing import Any
 
@@ -40,8 +42,20 @@ def quiet_blocking_get() -> None:
     logging.getLogger(seam.TELEMETRY_LOGGER).addFilter(_DropBlockingGetNotice())
 
 
+def own_debug_port() -> None:
+    """A debug-server port of this kernel's own: Monarch's debugger listens on 27000 by default,
+    so a second kernel on the machine could not serve its ranks' breakpoints. Chosen free now
+    (``MONARCH_DEBUG_SERVER_PORT`` set by the user wins); only this process reads it."""
+    if "MONARCH_DEBUG_SERVER_PORT" in os.environ:
+        return
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        os.environ["MONARCH_DEBUG_SERVER_PORT"] = str(s.getsockname()[1])
+
+
 def load_ipython_extension(ipython: Any) -> None:
     quiet_blocking_get()
+    own_debug_port()
     ipython.register_magics(MonarchMagics(ipython))  # registers the HTML views too
     seam.show_interrupts_in_one_line(ipython, (Interrupted, CallInterrupted))
     if notices.current is None:

@@ -11,7 +11,7 @@ import dataclasses
 import os
 import signal
 import socket
-from typing import Any
+from typing import Any, Callable
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, magics_class
@@ -19,6 +19,7 @@ from IPython.display import HTML, display
 
 from ..calls import CallWatch
 from ..errors import CallInterrupted, Interrupted, MonarchNbError, RemoteError, format_ranks
+from ..live_debug import LiveDebugger, drive
 from ..session import Session, current_session
 from .args import (HelpShown, MagicArgumentParser, dim_selector, key_value, non_negative_int, positive_float,
                    positive_int)
@@ -79,13 +80,16 @@ def _line_parser() -> MagicArgumentParser:
                                         "in a collective.")
     _add_target(stacks)
 
-    debug = sub.add_parser("debug", help="post-mortem pdb on the last exception of a %%%%monarch cell on one rank",
-                           description="Opens pdb on the exception the last %%monarch cell raised on --rank "
-                                       "(p, pp, up, down, l, ll, w, args, q). With COMMANDs they run in order "
-                                       "(headless notebooks); without, pdb reads commands from the notebook's "
-                                       "input box until q.")
-    debug.add_argument("--rank", type=non_negative_int, required=True)
+    debug = sub.add_parser("debug", help="post-mortem pdb on one rank (--rank K), or live breakpoints (--live)",
+                           description="--rank K: pdb on the exception the last %%monarch cell raised on rank K "
+                                       "(p, pp, up, down, l, ll, w, args, q). --live: Monarch's own debugger, where "
+                                       "ranks that called breakpoint() wait (list, attach ACTOR RANK, pdb commands, "
+                                       "detach, cast ACTOR ranks(...) CMD, continue, quit). With COMMANDs they run in "
+                                       "order (headless notebooks); without, commands come from the notebook's input "
+                                       "box until q (post-mortem) or quit (live).")
+    debug.add_argument("--rank", type=non_negative_int, default=None)
     debug.add_argument("--mesh", default=None)
+    debug.add_argument("--live", action="store_true", help="Monarch's debugger on live breakpoints")
     debug.add_argument("commands", nargs="*", metavar="COMMAND", help="pdb commands, e.g. 'p x' up l q")
     add_training_commands(sub)
     return parser
@@ -106,6 +110,9 @@ def _cell_parser() -> MagicArgumentParser:
                         help="slice by a named dim: hosts=1, gpus=0:2 (repeatable)")
     parser.add_argument("--timeout", type=positive_float, default=None, help="seconds before silent ranks are reported")
     parser.add_argument("--ignore-errors", action="store_true", help="do not raise when some ranks raised")
+    parser.add_argument("--debug", nargs="+", default=None, metavar="COMMAND",
+                        help="Monarch debugger commands for ranks that stop at breakpoint() (headless notebooks), "
+                             "e.g. list 'attach AGENT 0' n c; without, they come from the notebook's input box")
     return parser
 
 
@@ -200,6 +207,14 @@ class MonarchMagics(Magics):
     def _cmd_debug(self, args: Any) -> None:
         from IPython.core.error import StdinNotImplementedError
 
+        if args.live:
+            if args.rank is not None:
+                raise UsageError("--live drives every stopped rank (attach ACTOR RANK picks one); drop --rank")
+            self._live_debug(args.commands or None)
+            return
+        if args.rank is None:
+            raise UsageError("give --rank K (post-mortem of the exception a %%monarch cell raised there), "
+                             "or --live (ranks stopped at breakpoint())")
         reply = self.session.debug(args.mesh, args.rank)
         print(f"post-mortem of rank {args.rank}: " + reply.output.rstrip("\n"))
         for command in args.commands:
@@ -225,6 +240,20 @@ class MonarchMagics(Magics):
                 print(reply.output.rstrip("\n"))
             if reply.done:
                 return
+
+    def _live_debug(self, commands: list[str] | None, done: Callable[[], bool] = lambda: False) -> bool:
+        """Monarch's debugger, fed ``commands`` or the notebook's input box; False if the user
+        quit (or there is no input box) while ranks may still be stopped."""
+        from IPython.core.error import StdinNotImplementedError
+
+        with LiveDebugger() as dbg:
+            print(dbg.send("list").rstrip("\n"))  # who waits where, in Monarch's own table
+            try:
+                return drive(dbg, commands, input, print, done)
+            except StdinNotImplementedError:
+                print("this frontend has no input box: give the debugger's commands on the line, e.g. "
+                      "%monarch debug --live 'attach ACTOR 0' n 'p x' c   (or %%monarch --debug ... for a cell)")
+                return False
 
     def _cmd_down(self, args: Any) -> None:
         names = [args.name] if args.name else list(self.session.meshes)
@@ -284,9 +313,10 @@ class MonarchMagics(Magics):
         selectors = validate_slice(handle.name, handle.shape, dict(args.on))
         agent = handle.agent.slice(**selectors) if selectors else handle.agent
         watch = CallWatch()
+        stops = _CellBreakpoints(self, agent, args.debug)
         # Ctrl-C: the cell stops on the workers too (the agent's interrupt), the mesh stays up.
         view = self.session.deadline(agent, args.timeout, on_interrupt=lambda: agent.interrupt.broadcast(),
-                                     watch=watch)
+                                     watch=watch, while_waiting=stops.look)
         try:
             with Progress(lambda: call_line(watch)):
                 result = view.run_cell.gather(code, None, _cell_name(self.shell))
@@ -319,6 +349,36 @@ class MonarchMagics(Magics):
         display({"text/plain": _cell_text(outputs, result.missing, coords),
                  "text/html": cell_outputs_html(outputs, result.missing, coords)}, raw=True)
         return outputs
+
+
+class _CellBreakpoints:
+    """While a cell runs: when every rank it waits on is stopped at ``breakpoint()``, say where
+    and hand the notebook Monarch's debugger (``--debug`` commands, else the input box) until
+    they run on; the cell then goes on waiting for them."""
+
+    def __init__(self, magics: "MonarchMagics", agent: Any, commands: list[str] | None) -> None:
+        self.magics, self.agent, self.commands = magics, agent, commands
+        self.given_up = False  # quit, or no way to give commands: wait like any cell
+
+    def stopped(self, pending: set[int]) -> dict[int, Any]:
+        result = self.magics.session.deadline(self.agent, 5.0).paused.gather()
+        return {r: p for r, p in result.values.items() if p is not None and r in pending}
+
+    def look(self, pending: set[int]) -> None:
+        if self.given_up or not pending:
+            return
+        stopped = self.stopped(pending)
+        if set(stopped) != pending:
+            return
+        print(f"ranks {format_ranks(sorted(stopped))} stopped at breakpoint():")
+        for rank, at in sorted(stopped.items()):
+            print(f"  rank {rank} ({'attach ' + at.actor + ' ' + str(rank) if at.actor else ''}): {at.where}: {at.line}")
+        commands, self.commands = self.commands, None  # given commands are used once
+        ok = self.magics._live_debug(commands, done=lambda: not self.stopped(pending))
+        if not ok or (commands is not None and self.stopped(pending)):
+            self.given_up = True
+            print(f"ranks {format_ranks(sorted(pending))} still wait in the debugger; this cell waits for them "
+                  "(interrupt it to stop them)")
 
 
 def _cell_name(shell: Any) -> str | None:
