@@ -81,3 +81,21 @@ def test_a_heal_says_why_a_recovery_a_new_group_or_a_group_left_out_of_quorums_w
     assert back.cause == "recovery" and not back.needless
     (new,) = ingest.translate(3, {0: {"events": [{**healed, "step": 40, "from_step": None, "unheard_s": None}]}})
     assert new.cause == "joining" and not new.needless
+
+
+def test_events_a_late_poll_answer_carried_come_again_and_count_once():
+    """A poll answered after the controller stopped waiting (32 groups on two cores) took its
+    events with it: heals and digests went missing. Events are now sent until acknowledged;
+    the controller keeps only those it does not hold yet."""
+    from monarch_nb.ft.ingest import unseen
+
+    first = {"events": [{"kind": "a"}, {"kind": "b"}], "first_seq": 1}
+    # that answer came too late: nothing held, nothing acknowledged; the next poll re-sends 1-2 and adds 3
+    again = {"events": [{"kind": "a"}, {"kind": "b"}, {"kind": "c"}], "first_seq": 1}
+    events, seen = unseen(again, 0)
+    assert [e["kind"] for e in events] == ["a", "b", "c"] and seen == 3
+    # the late answer arriving now (two polls in flight) adds nothing
+    assert unseen(first, seen) == ([], 3)
+    # acknowledged up to 3: the worker sends from 4 on
+    assert unseen({"events": [{"kind": "d"}], "first_seq": 4}, 3) == ([{"kind": "d"}], 4)
+    assert unseen({"events": [], "first_seq": None}, 4) == ([], 4)

@@ -40,6 +40,16 @@ class HashSkipped:
     at: int
 
 
+def unseen(value: dict[str, Any], seen: int) -> tuple[list[dict[str, Any]], int]:
+    """The events of one rank's poll the controller does not hold yet, and the new last sequence
+    number it holds: a poll re-sends every event not acknowledged (numbered from ``first_seq``),
+    so a late answer's events come again with the next poll and must not count twice."""
+    events, first = list(value.get("events", ())), value.get("first_seq")
+    if first is None:
+        return events, seen
+    return events[max(0, seen + 1 - int(first)):], max(seen, int(first) + len(events) - 1)
+
+
 class EventIngest:
     def __init__(self, group_size: int) -> None:
         self.group_size = group_size

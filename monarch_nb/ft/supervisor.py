@@ -56,7 +56,7 @@ from .groups import (
     ReplicaGroup,
 )
 from .identity import IdentityChecks
-from .ingest import EventIngest, HashReport, HashSkipped
+from .ingest import EventIngest, HashReport, HashSkipped, unseen
 from .placement import Placement
 from .platform import DEVICE_SLOT_ENV
 from .spares import Spare, SparePool
@@ -104,6 +104,8 @@ class Supervisor:
         self._restart_lock = threading.Lock()  # guards the claim of _restarting (one thread restarts all)
         self._restarting = threading.Event()
         self._poll_deadlines: dict[int, float] = {}  # per group index; written by that group's thread only
+        self._acks_lock = threading.Lock()  # never held across a call
+        self._acks: dict[int, tuple[Any, dict[int, int]]] = {}  # group -> (its actors, rank -> last event held)
         self.host_load: Callable[[], float] = host_oversubscription
         self.spares: SparePool | None = None
         if config.spares:
@@ -242,9 +244,22 @@ class Supervisor:
     # ---- telemetry ---------------------------------------------------------------------
 
     def poll(self, g: ReplicaGroup, timeout: float) -> Any:
-        """One ``poll`` of every rank; its events are translated and recorded."""
-        result = self.session.deadline(g.actors, timeout).poll.gather()
-        for item in self.ingest.translate(g.index, result.values):
+        """One ``poll`` of every rank; its events are translated and recorded. Events are
+        acknowledged with the next poll (per rank, for these processes), so none is lost when
+        an answer comes after its deadline; each is recorded once (``ingest.unseen``)."""
+        actors = g.actors
+        with self._acks_lock:
+            held = self._acks.get(g.index)
+            if held is None or held[0] is not actors:  # new processes number their events from 1
+                held = self._acks[g.index] = (actors, {})
+            acked = dict(held[1])
+        result = self.session.deadline(actors, timeout).poll.gather(acked)
+        fresh = {}
+        with self._acks_lock:  # two polls of a group at once (a stop's last one): each event once
+            for rank, value in result.values.items():
+                events, held[1][rank] = unseen(value, held[1].get(rank, 0))
+                fresh[rank] = {**value, "events": events}
+        for item in self.ingest.translate(g.index, fresh):
             if isinstance(item, HashReport):
                 self.identity.record(item)
             elif isinstance(item, HashSkipped):

@@ -43,7 +43,9 @@ class TrainerActor(Actor):
         self.attempt = attempt
         self.fault_log = fault_log
         self._lock = threading.Lock()
-        self._events: collections.deque[dict[str, Any]] = collections.deque(maxlen=100_000)
+        # (sequence number, event): kept until the controller acknowledges it (see ``poll``)
+        self._events: collections.deque[tuple[int, dict[str, Any]]] = collections.deque(maxlen=100_000)
+        self._seq = 0
         self._state = "initializing"
         self._failure: str | None = None
         self._stop = threading.Event()
@@ -67,7 +69,8 @@ class TrainerActor(Actor):
 
     def _emit(self, event: dict[str, Any]) -> None:
         with self._lock:
-            self._events.append(event)
+            self._seq += 1
+            self._events.append((self._seq, event))
 
     def _fault_point(self, step: int) -> None:
         with self._lock:
@@ -205,13 +208,25 @@ class TrainerActor(Actor):
         return True
 
     @endpoint
-    def poll(self) -> dict[str, Any]:
+    def poll(self, acked: dict[int, int] | None = None) -> dict[str, Any]:
+        """State and the events since the last poll. With ``acked`` (group rank -> the last
+        sequence number the controller holds) events are dropped only once acknowledged and sent
+        again until then: a poll answered after the controller stopped waiting for it (32 groups
+        on two cores) used to take its events with it (heals and digests went missing). Without,
+        every event is sent once (a spare's build, a retiring group)."""
         with self._lock:
-            events = list(self._events)
-            self._events.clear()
+            if acked is None:
+                events = list(self._events)
+                self._events.clear()
+            else:
+                upto = acked.get(self.rank, 0)
+                while self._events and self._events[0][0] <= upto:
+                    self._events.popleft()
+                events = list(self._events)
             state, failure = self._state, self._failure
         return {"replica": self.replica, "rank": self.rank, "state": state, "failure": failure,
-                "step": self.trainer.current_step(), "events": events, "pid": os.getpid()}
+                "step": self.trainer.current_step(), "events": [e for _, e in events],
+                "first_seq": events[0][0] if events else None, "pid": os.getpid()}
 
     @endpoint
     def inject(self, kind: str, at_step: int | None = None, hang_s: float = 30.0, during: str | None = None) -> int:
