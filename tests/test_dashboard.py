@@ -116,6 +116,19 @@ def test_heal_adds_a_marker_and_the_group_is_training_again():
     assert {c.state for c in cells_of(after, 1)} == {"training"}
 
 
+def test_a_heal_with_no_fault_says_why_in_the_log():
+    """A group nobody failed healed from a peer on a busy box: the dashboard says it was left out
+    of the quorum, how far behind and for how long, instead of a bare "healed"."""
+    needless = Healed(t=T0 + 20, replica=2, step=40, bytes=1000, seconds=0.1, source_replica=0,
+                      cause="left out of the quorum with no fault: steps 37-40 committed without it, "
+                            "2.3 s after its last commit", from_step=36, unheard_s=2.3)
+    m = model_of(healthy_run() + [needless])
+    (line,) = [entry.text for entry in m.log if "healed" in entry.text]
+    assert "group 2 healed from group 0 at step 40" in line and "left out of the quorum with no fault" in line
+    ordinary = model_of(healthy_run() + kill_and_recover())
+    assert not [e for e in ordinary.log if "left out" in e.text]
+
+
 def test_recovery_lists_each_phase_with_its_duration():
     m = model_of(healthy_run() + kill_and_recover())
     (rec,) = m.recoveries
