@@ -143,11 +143,12 @@ def check_slurm_slots(needed: int) -> None:
                          f"MONARCH_NB_SLURM_CPUS={(needed + 1) // 2} ./run.sh slurm up")
 
 
-def start_run(replicas: int, mode: str, job: str, spares: int) -> tuple[FTRun, float]:
+def start_run(replicas: int, mode: str, job: str, spares: int, checkpoint_every: int | None = None
+              ) -> tuple[FTRun, float]:
     if job == "slurm":
         check_slurm_slots(replicas + spares)
     cfg = RunConfig(replicas=replicas, model="tiny", job=job, spares=spares, recovery=mode,
-                    checkpoint_every=10 if mode == "restart" else None, init_timeout_s=900,
+                    checkpoint_every=10 if mode == "restart" else checkpoint_every, init_timeout_s=900,
                     run_name=f"scale-{mode}-r{replicas}-{time.strftime('%H%M%S')}")
     run = FTRun(cfg)
     t0 = time.monotonic()
@@ -217,11 +218,12 @@ def one_failure(run: FTRun, kind: str, victim: int, mode: str) -> tuple[Any, dic
     return rec, cost
 
 
-def measure(replicas: int, mode: str, job: str, quick: bool, window_s: float) -> tuple[list[Record], dict]:
+def measure(replicas: int, mode: str, job: str, quick: bool, window_s: float,
+            checkpoint_every: int | None = None) -> tuple[list[Record], dict]:
     from monarch_nb.notebook.dashboard import Dashboard
 
     spares = 1 if mode == "peer" else 0
-    run, start_s = start_run(replicas, mode, job, spares)
+    run, start_s = start_run(replicas, mode, job, spares, checkpoint_every)
     dash = Dashboard(run.events, controls=run)
     records: list[Record] = []
     try:
@@ -339,6 +341,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="two faults per R (kill with a spare, comms without), restart mode for R <= 8, 8 s windows")
     p.add_argument("--window-s", type=float, default=15.0, help="the quiet training window measured at each R")
     p.add_argument("--job", default="local", choices=("local", "slurm"))
+    p.add_argument("--checkpoint-every", type=int, default=None,
+                   help="durable checkpoints in the peer runs too (restart runs save every 10 steps)")
     p.add_argument("--merge", help="a JSON this script wrote: its records and runs for the other R are kept")
     p.add_argument("--out", required=True)
     a = p.parse_args(argv)
@@ -369,7 +373,7 @@ def main(argv: list[str] | None = None) -> int:
         for mode in ("peer", "restart"):
             if mode == "restart" and replicas > restart_max:
                 continue
-            recs, summary = measure(replicas, mode, a.job, a.quick, window_s)
+            recs, summary = measure(replicas, mode, a.job, a.quick, window_s, a.checkpoint_every)
             rows += [asdict(r) for r in recs]
             runs.append(summary)
             print(json.dumps(summary), flush=True)

@@ -17,7 +17,8 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, magics_class
 from IPython.display import HTML, display
 
-from ..calls import CallWatch
+from .. import seam
+from ..calls import CallWatch, gather
 from ..errors import CallInterrupted, Interrupted, MonarchNbError, RemoteError, format_ranks
 from ..live_debug import LiveDebugger, drive
 from ..session import Session, current_session
@@ -361,8 +362,15 @@ class _CellBreakpoints:
         self.given_up = False  # quit, or no way to give commands: wait like any cell
 
     def stopped(self, pending: set[int]) -> dict[int, Any]:
-        result = self.magics.session.deadline(self.agent, 5.0).paused.gather()
-        return {r: p for r, p in result.values.items() if p is not None and r in pending}
+        """Ranks of ``pending`` (global) stopped in the debugger. Asked with a short deadline
+        and not recorded as a timeout: a cell that holds the GIL cannot answer, and is simply
+        not stopped at a breakpoint. A Ctrl-C meanwhile is the cell's interrupt."""
+        ranks = seam.actor_mesh_ranks(self.agent)
+        try:
+            result = gather(self.agent.paused, "paused", (), {}, list(range(len(ranks))), 1.0)
+        except CallInterrupted:
+            raise KeyboardInterrupt from None
+        return {ranks[i]: p for i, p in result.values.items() if p is not None and ranks[i] in pending}
 
     def look(self, pending: set[int]) -> None:
         if self.given_up or not pending:
