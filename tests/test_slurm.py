@@ -192,3 +192,19 @@ def test_a_killed_kernel_releases_its_allocations(kernel):
     took = time.monotonic() - t0
     # the reaper polls every 0.25 s, then scancel: typically ~1-2 s; 10 s is >= 5x
     assert took < 10, f"kernel killed -> SLURM job {job_id} gone took {took:.1f} s"
+
+
+def test_a_jobs_worker_port_is_free_and_below_the_ephemeral_range(monkeypatch):
+    """32 allocations at once on one machine: a port taken with bind(0) was handed out again
+    before the worker bound it ("Address already in use", the job failed). Ports now come from
+    below the kernel's ephemeral range, and are free when chosen."""
+    import socket
+
+    from monarch_nb.jobs import slurm
+
+    low, _ = slurm._ephemeral_range()
+    ports = {slurm._free_port() for _ in range(20)}
+    assert all(1024 <= p < low - slurm.EPHEMERAL_GAP for p in ports) and len(ports) > 1
+    port = ports.pop()
+    with socket.socket() as s:
+        s.bind(("", port))  # free: it binds

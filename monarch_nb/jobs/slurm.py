@@ -17,6 +17,7 @@ named after its node, so ``tcp://nK:port`` is distinct per node).
 from __future__ import annotations
 
 import logging
+import random
 import re
 import shlex
 import shutil
@@ -167,9 +168,37 @@ def _hostname_is_loopback_only() -> bool:
 
 
 def _free_port() -> int:
-    with socket.socket() as s:
+    """A port for a job's workers to listen on, free now, below the kernel's ephemeral range.
+
+    The workers bind it seconds after we chose it. A port the kernel handed out (bind to 0) is
+    one it hands out again to the next outgoing connection or ephemeral bind on this machine,
+    and 32 allocations starting at once on one machine hit that: a worker failed with "Address
+    already in use" and the job with it (bench_scale --job slurm at 32 groups)."""
+    low, high = _ephemeral_range()
+    start = max(1024, low - EPHEMERAL_GAP)
+    candidates = list(range(max(1024, start - 12000), start))
+    random.shuffle(candidates)
+    for port in candidates:
+        with socket.socket() as s:
+            try:
+                s.bind(("", port))
+            except OSError:
+                continue
+            return port
+    with socket.socket() as s:  # nothing free below the range: let the kernel choose
         s.bind(("", 0))
         return s.getsockname()[1]
+
+
+EPHEMERAL_GAP = 1000  # stay this far below the ephemeral range
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999  # Linux's default
 
 
 _NODE_PYTHON = """#!/bin/sh
