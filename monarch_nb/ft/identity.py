@@ -91,24 +91,23 @@ class IdentityChecks:
         """The group failed: every check still waiting on it compares the others (at R = 32 a
         check asked after one rejoin was still waiting when the next fault took a group it had
         asked, and no check of that run completed)."""
-        with self._lock:
-            steps = list(self._pending)
-            for pending in self._pending.values():
-                pending.expected -= {(replica, k) for k in range(self.group_size)}
-                for k in range(self.group_size):
-                    pending.got.pop((replica, k), None)
-        for step in steps:
-            self._maybe_complete(step)
+        self._forget({(replica, k) for k in range(self.group_size)})
 
     def skipped(self, report: HashSkipped) -> None:
         """That rank never committed the step (it healed past it): the check goes on without it."""
+        self._forget({(report.replica, report.rank)}, step=report.step)
+
+    def _forget(self, ranks: set[tuple[int, int]], step: int | None = None) -> None:
+        """(replica, rank)s that will never report: out of the check at ``step`` (every pending
+        check by default), which may then be complete."""
         with self._lock:
-            pending = self._pending.get(report.step)
-            if pending is None:
-                return
-            pending.expected.discard((report.replica, report.rank))
-            pending.got.pop((report.replica, report.rank), None)
-        self._maybe_complete(report.step)
+            steps = list(self._pending) if step is None else [step]
+            for pending in (self._pending[s] for s in steps if s in self._pending):
+                pending.expected -= ranks
+                for key in ranks:
+                    pending.got.pop(key, None)
+        for s in steps:
+            self._maybe_complete(s)
 
     def _maybe_complete(self, step: int) -> None:
         with self._lock:
