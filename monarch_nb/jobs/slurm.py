@@ -174,7 +174,7 @@ def _free_port() -> int:
     one it hands out again to the next outgoing connection or ephemeral bind on this machine,
     and 32 allocations starting at once on one machine hit that: a worker failed with "Address
     already in use" and the job with it (bench_scale --job slurm at 32 groups)."""
-    low, high = _ephemeral_range()
+    low, _ = _ephemeral_range()
     start = max(1024, low - EPHEMERAL_GAP)
     candidates = list(range(max(1024, start - 12000), start))
     random.shuffle(candidates)
