@@ -18,8 +18,19 @@ them from RUN_DIR/events.jsonl with this checkout's recovery model (after the mo
 rewrites them in FILE.json, keeping what only the live run knew (faults sent, goodput, the final
 identity check, processes left, shots), and says so in ``note``.
 
+Days, not minutes: ``--minutes M`` soaks for M minutes instead of ``--faults N`` faults, and
+``--rss-every S`` samples the controller's resident memory every S seconds (``rss_mb``: [[seconds,
+MB], ...]) and fits its slope after ``--fit-after`` minutes (``rss_slope_mb_per_hour``). With
+``--kernel`` the controller is a real Monarch kernel, driven as a user would drive it: cells
+``%monarch train --replicas R --spares S --checkpoint-every K``, ``%monarch dashboard`` and
+``%monarch schedule --every E --kinds ...``, then a quiet cell every S seconds (a person looking at
+the notebook: it shows the failure notices held since the last cell, which are counted in
+``notices``), and ``%monarch stop`` at the end (``stop_s``: what the user waits for).
+``worker_failed_events`` counts the run's ``worker_failed`` events (one per failed rank).
+
 Not part of CI (minutes long). Usage:
   python bench/soak.py --faults 50 --every 8 --kinds all [--replicas 3] [--spares 1] [--out FILE.json]
+  python bench/soak.py --minutes 30 --kernel --rss-every 20 --every 20 --spares 1 --out FILE.json
   python bench/soak.py --reread runs/soak-RUN_ID --out FILE.json
 """
 
@@ -31,15 +42,21 @@ import json
 import os
 import random
 import sys
+import threading
 import time
 from pathlib import Path
+
+import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from monarch_nb.ft import FaultKind, FTRun, RunConfig, open_run  # noqa: E402
 from monarch_nb.ft.faults import CLUSTER_KINDS  # noqa: E402
 from monarch_nb.ft.history import RunHistory  # noqa: E402
+from monarch_nb.calls import messages_sent  # noqa: E402
 from monarch_nb.meshes import pid_alive  # noqa: E402
+from monarch_nb.notebook.notices import FailureNotices, failure_text  # noqa: E402
+from monarch_nb.telemetry.events import FaultInjected, RunStarted, WorkerFailed  # noqa: E402
 
 
 def log_fields(history: RunHistory, log: Path) -> dict:
@@ -55,6 +72,7 @@ def log_fields(history: RunHistory, log: Path) -> dict:
         "events_by_kind": dict(collections.Counter(e.kind for e in history.events).most_common()),
         "median_total_s": totals[len(totals) // 2] if totals else None,
         "max_total_s": totals[-1] if totals else None,
+        "poll_interval_s": next((e.config.get("poll_interval_s") for e in history.events.events(RunStarted)), None),
     }
 
 
@@ -67,43 +85,86 @@ def reread(run_dir: str, out: Path) -> dict:
                                                and history.summary()["state"] == "stopped")
     report["run_dir"] = str(run_dir)
     report["note"] = (f"recoveries, recovered, gave_up, identity, event_log_bytes, events_by_kind, median_total_s, "
-                      f"max_total_s and survived_without_intervention re-read from {history.events.path} by "
+                      f"max_total_s, poll_interval_s and survived_without_intervention re-read from {history.events.path} by "
                       f"bench/soak.py --reread on {time.strftime('%Y-%m-%d')}; the other fields are the live run's")
     return report
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--faults", type=int, default=50)
-    p.add_argument("--every", type=float, default=8.0, help="seconds between faults")
-    p.add_argument("--kinds", default="all")
-    p.add_argument("--replicas", type=int, default=3)
-    p.add_argument("--spares", type=int, default=0)
-    p.add_argument("--warmup", type=float, default=30.0, help="fault-free seconds measured first")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out")
-    p.add_argument("--reread", metavar="RUN_DIR", help="recompute the log's fields of --out from RUN_DIR; no run")
-    a = p.parse_args(argv)
-    if a.reread:
-        if not a.out:
-            p.error("--reread needs --out (the report to update)")
-        report = reread(a.reread, Path(a.out))
-        Path(a.out).write_text(json.dumps(report, indent=1))
-        print(json.dumps({k: v for k, v in report.items() if k not in ("shots", "identity")}, indent=1))
-        return 0
-    kinds = [k.value for k in FaultKind if k not in CLUSTER_KINDS] if a.kinds == "all" else a.kinds.split(",")
+class RssSampler:
+    """The resident memory of process ``pid`` every ``every`` seconds, on a thread: [[s, MB], ...]."""
+
+    def __init__(self, pid: int, every: float) -> None:
+        self.samples: list[list[float]] = []
+        self._proc = psutil.Process(pid)
+        self._every = every
+        self._t0 = time.time()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="soak-rss", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while True:
+            try:
+                mb = self._proc.memory_info().rss / 2**20
+            except psutil.Error:
+                return
+            self.samples.append([round(time.time() - self._t0, 1), round(mb, 1)])
+            if self._stop.wait(self._every):
+                return
+
+    def stop(self) -> list[list[float]]:
+        self._stop.set()
+        self._thread.join()
+        return self.samples
+
+
+def slope_mb_per_hour(samples: list[list[float]], after_s: float) -> float | None:
+    """Least-squares slope of RSS over time, from ``after_s`` on (the warm-up is left out)."""
+    pts = [(t, mb) for t, mb in samples if t >= after_s]
+    if len(pts) < 3:
+        return None
+    mt = sum(t for t, _ in pts) / len(pts)
+    mm = sum(mb for _, mb in pts) / len(pts)
+    var = sum((t - mt) ** 2 for t, _ in pts)
+    return sum((t - mt) * (mb - mm) for t, mb in pts) / var * 3600 if var else None
+
+
+def memory_fields(samples: list[list[float]], fit_after_min: float) -> dict:
+    return {"rss_mb": samples, "rss_slope_mb_per_hour": slope_mb_per_hour(samples, fit_after_min * 60),
+            "rss_fit_after_s": fit_after_min * 60}
+
+
+def notices_fields(history: RunHistory, notices: list[str]) -> dict:
+    """Failure notices shown vs ``worker_failed`` events vs faults, per fault kind."""
+    failed = history.events.events(WorkerFailed)
+    return {"notices": len(notices), "worker_failed_events": len(failed),
+            "worker_failed_late": sum(1 for e in failed if e.late),
+            "faults_by_kind": dict(collections.Counter(e.fault for e in history.events.events(FaultInjected))),
+            "notice_texts": notices[:20]}
+
+
+def script_soak(a: argparse.Namespace, kinds: list[str]) -> dict:
+    """The controller is this process: faults chosen here (mid-heal, two at once, one)."""
     rng = random.Random(a.seed)
     run = FTRun(RunConfig(replicas=a.replicas, spares=a.spares, hang_timeout_s=3.0,
+                          checkpoint_every=a.checkpoint_every,
                           run_name=f"soak-{time.strftime('%Y%m%d-%H%M%S')}"))
     shots: list[dict] = []
+    shown: list = []
+    notices = FailureNotices(show=shown.append)
+    rss = RssSampler(os.getpid(), a.rss_every)
     try:
         run.start()
+        notices.watch(run.session)
+        notices.pre_run_cell()  # as if one cell ran the whole time
         t_warm = time.time()
         time.sleep(a.warmup)  # a measured fault-free interval, not a synchronisation
         steps_warm = max((e.step for e in run.history().steps()), default=0)
         base_rate = steps_warm / (time.time() - t_warm)
         t_soak = time.time()
-        for n in range(a.faults):
+        calls0 = messages_sent()
+        n = 0
+        while (n < a.faults) if a.minutes is None else (time.time() - t_soak < a.minutes * 60):
             time.sleep(a.every)  # the fault schedule itself: one fault every `every` seconds
             status = {k: v for k, v in run.status().items() if isinstance(k, int)}
             training = [g for g, s in status.items() if s["state"] == "training"]
@@ -128,34 +189,184 @@ def main(argv: list[str] | None = None) -> int:
                     shots.append({"n": n, "kind": kind, "targets": [target], "how": how, "refused": str(exc)})
             if sent:
                 shots.append({"n": n, "kind": kind, "targets": sent, "how": how, "t": time.time()})
-            print(f"[{n + 1}/{a.faults}] {kind} -> {sent or 'nobody (no eligible group)'} ({how})", flush=True)
+            n += 1
+            print(f"[{n}] {kind} -> {sent or 'nobody (no eligible group)'} ({how})", flush=True)
         time.sleep(a.every)
         deadline = time.time() + 180
         while time.time() < deadline and any(s["state"] != "training" for k, s in run.status().items()
                                              if isinstance(k, int) and s["state"] != "gave_up"):
             time.sleep(0.5)
         t_end = time.time()
+        calls = messages_sent() - calls0
         steps_end = max((e.step for e in run.history().steps()), default=0)
         check = run.check_identical(timeout=120)
     finally:
+        t_stop = time.time()
         run.stop()
-    from_log = log_fields(run.history(), run.run_dir / "events.jsonl")
-    alive = [pid for pid in run.spawned_pids + [run.lighthouse_pid] if pid and pid_alive(pid)]
+        stop_s = time.time() - t_stop
+        notices.close()
+        samples = rss.stop()
     soak_rate = (steps_end - steps_warm) / max(t_end - t_soak, 1e-9)
-    report = {
+    return {
         "faults_sent": sum(len(s.get("targets", [])) for s in shots if "refused" not in s),
-        **from_log,
-        "survived_without_intervention": from_log["recovered"] == from_log["recoveries"] and all(
-            s["state"] == "stopped" for s in run.status().values()),
         "goodput_ratio": soak_rate / base_rate if base_rate else None,
         "final_identical": bool(check and check.identical),
-        "processes_left": alive,
-        "run_dir": str(run.run_dir), "args": vars(a), "shots": shots,
+        "stop_s": round(stop_s, 2), "run": run, "calls_per_s": round(calls / max(t_end - t_soak, 1e-9), 2),
+        **memory_fields(samples, a.fit_after), **notices_fields(run.history(), [failure_text(e) for e in shown]),
+        "shots": shots,
     }
-    print(json.dumps({k: v for k, v in report.items() if k not in ("shots", "identity")}, indent=1))
+
+
+class KernelCells:
+    """A real Monarch kernel and the cells a user would type; display output that is a failure
+    notice is collected (``notices``), everything else printed."""
+
+    def __init__(self) -> None:
+        from jupyter_client.manager import KernelManager
+
+        from monarch_nb.execute import ensure_kernelspec
+
+        ensure_kernelspec()
+        self.km = KernelManager(kernel_name="monarch")
+        self.km.start_kernel()
+        self.client = self.km.blocking_client()
+        self.client.start_channels()
+        self.client.wait_for_ready(timeout=120)
+        self.pid = self.km.provisioner.process.pid
+        self.notices: list[str] = []
+
+    def run(self, code: str, timeout: float = 600) -> str:
+        out: list[str] = []
+
+        def hook(msg: dict) -> None:
+            kind, content = msg["msg_type"], msg["content"]
+            if kind == "stream":
+                out.append(content["text"])
+            elif kind in ("display_data", "execute_result"):
+                text = content.get("data", {}).get("text/plain", "")
+                if text.startswith("monarch: mesh ") and " failed: " in text:
+                    self.notices.append(text)
+            elif kind == "error":
+                out.append("\n".join(content["traceback"]))
+
+        reply = self.client.execute_interactive(code, timeout=timeout, output_hook=hook)
+        text = "".join(out)
+        if reply["content"]["status"] != "ok":
+            raise RuntimeError(f"cell {code!r} failed:\n{text}")
+        return text
+
+    def close(self) -> None:
+        self.client.stop_channels()
+        if self.km.is_alive():
+            self.km.shutdown_kernel(now=True)
+
+
+SETTLE = """import time as _time
+_t = _time.time()
+while _time.time() - _t < 180 and any(s["state"] not in ("training", "gave_up", "retired")
+                                     for k, s in run.status().items() if isinstance(k, int)):
+    _time.sleep(0.5)  # polling a status, bounded: the wait a user would do by eye
+"""
+
+
+def kernel_soak(a: argparse.Namespace, kinds: list[str]) -> dict:
+    """The controller is a real Monarch kernel; the faults are the magics' own schedule."""
+    name = f"soak-kernel-{time.strftime('%Y%m%d-%H%M%S')}"
+    cells = KernelCells()
+    rss = RssSampler(cells.pid, a.rss_every)
+    try:
+        print(cells.run(f"%monarch train --replicas {a.replicas} --spares {a.spares} "
+                        f"--checkpoint-every {a.checkpoint_every} --name {name}"), flush=True)
+        cells.run("%monarch dashboard")
+        run_dir = cells.run("print(run.run_dir)").strip()
+        print(cells.run(f"%monarch schedule --every {a.every:g} --kinds {','.join(kinds)} --seed {a.seed}"), flush=True)
+        count_calls = "import monarch_nb.calls as _calls; print(_calls.messages_sent())"
+        calls0 = int(cells.run(count_calls).strip())
+        t_soak = time.time()
+        while time.time() - t_soak < a.minutes * 60:
+            time.sleep(a.rss_every)  # a person glancing at the notebook every so often
+            cells.run("pass")
+            print(f"{time.time() - t_soak:6.0f} s  rss {rss.samples[-1][1]:.0f} MB  notices {len(cells.notices)}",
+                  flush=True)
+        calls = int(cells.run(count_calls).strip()) - calls0
+        calls_s = time.time() - t_soak
+        cells.run("run.stop_schedule()")
+        cells.run(SETTLE)  # every group training again (or given up) before the last identity check
+        check = cells.run("_c = run.check_identical(timeout=120); print(bool(_c and _c.identical))").strip()
+        t_stop = time.time()
+        print(cells.run("%monarch stop"), flush=True)
+        stop_s = time.time() - t_stop
+        cells.run("pass")  # notices held after the last cell
+    finally:
+        samples = rss.stop()
+        cells.close()
+    history = open_run(run_dir)
+    return {
+        "faults_sent": len(history.events.events(FaultInjected)),
+        "final_identical": check.endswith("True"),
+        "stop_s": round(stop_s, 2), "run_dir": run_dir, "calls_per_s": round(calls / calls_s, 2),
+        **memory_fields(samples, a.fit_after), **notices_fields(history, cells.notices),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--faults", type=int, default=50)
+    p.add_argument("--minutes", type=float, default=None, help="soak this long instead of --faults faults")
+    p.add_argument("--every", type=float, default=8.0, help="seconds between faults")
+    p.add_argument("--kinds", default="all")
+    p.add_argument("--replicas", type=int, default=3)
+    p.add_argument("--spares", type=int, default=0)
+    p.add_argument("--checkpoint-every", type=int, default=None, help="durable checkpoint every K steps")
+    p.add_argument("--warmup", type=float, default=30.0, help="fault-free seconds measured first")
+    p.add_argument("--rss-every", type=float, default=20.0, help="seconds between RSS samples of the controller")
+    p.add_argument("--fit-after", type=float, default=5.0, help="minutes of warm-up left out of the RSS slope")
+    p.add_argument("--kernel", action="store_true", help="the controller is a real Monarch kernel (needs --minutes)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out")
+    p.add_argument("--reread", metavar="RUN_DIR", help="recompute the log's fields of --out from RUN_DIR; no run")
+    a = p.parse_args(argv)
+    if a.reread:
+        if not a.out:
+            p.error("--reread needs --out (the report to update)")
+        report = reread(a.reread, Path(a.out))
+        Path(a.out).write_text(json.dumps(report, indent=1))
+        print(json.dumps({k: v for k, v in report.items() if k not in ("shots", "identity")}, indent=1))
+        return 0
+    if a.kernel and a.minutes is None:
+        p.error("--kernel needs --minutes (the kernel's own schedule has no fault count)")
+    kinds = [k.value for k in FaultKind if k not in CLUSTER_KINDS] if a.kinds == "all" else a.kinds.split(",")
+    report = kernel_soak(a, kinds) if a.kernel else script_soak(a, kinds)
+    run = report.pop("run", None)
+    history = open_run(report.pop("run_dir", None) or run.run_dir)
+    from_log = log_fields(history, history.events.path)
+    pids = (run.spawned_pids + [run.lighthouse_pid]) if run is not None else spawned_pids(history)
+    alive = [pid for pid in pids if pid and pid_alive(pid)]
+    report = {
+        **report, **from_log,
+        "survived_without_intervention": (from_log["recovered"] == from_log["recoveries"]
+                                          and history.summary()["state"] == "stopped"),
+        "processes_left": alive,
+        "run_dir": str(history.events.path.parent), "args": vars(a),
+    }
+    print(json.dumps({k: v for k, v in report.items() if k not in ("shots", "identity", "rss_mb", "notice_texts")},
+                     indent=1))
     if a.out:
         Path(a.out).write_text(json.dumps(report, indent=1))
     return 0 if report["final_identical"] and not alive and report["gave_up"] == 0 else 1
+
+
+def spawned_pids(history: RunHistory) -> list[int]:
+    """Every worker and Lighthouse pid the run's event log names (a kernel's run is not here)."""
+    pids = set()
+    for e in history.events:
+        for name in ("pid", "pids"):
+            v = getattr(e, name, None)
+            if isinstance(v, int):
+                pids.add(v)
+            elif isinstance(v, (list, tuple)):
+                pids.update(x for x in v if isinstance(x, int))
+    return sorted(pids)
 
 
 if __name__ == "__main__":

@@ -8,6 +8,8 @@ caller learns exactly which ranks answered, which raised, and which were silent.
 
 from __future__ import annotations
 
+import copy
+import itertools
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
@@ -52,6 +54,15 @@ INTERRUPT_GRACE_S = 1.0
 WHILE_WAITING_S = 1.0
 
 
+_SENT = itertools.count()  # messages sent for replies by this process (next() is atomic under the GIL)
+
+
+def messages_sent() -> int:
+    """How many calls this controller has made so far (every call leaves a little behind inside
+    Monarch: bench/monarch_leaks.py; a soak reports the rate)."""
+    return next(copy.copy(_SENT))
+
+
 class Replies:
     """The replies to one message sent to every actor of ``endpoint``'s mesh, taken one at a
     time as they arrive: ``next(wait)`` is a reply ``(local rank, ok, value)`` or None when none
@@ -59,6 +70,7 @@ class Replies:
 
     def __init__(self, endpoint: Any, args: tuple, kwargs: dict, timeout: float) -> None:
         port, self._outcomes = seam.open_outcome_channel()
+        next(_SENT)
         self.deadline = time.monotonic() + timeout
         self._pending: Any = None
         send(endpoint, args, kwargs, port=port)

@@ -29,18 +29,59 @@ def open_outcome_channel() -> tuple[Any, Any]:
     rank raised it; the ranked reply's ``kind.rank`` and ``PortReceiver._process`` (which
     decodes one reply) are private.
     """
-    from monarch.actor import Channel, PortReceiver
-
-    class _OutcomeReceiver(PortReceiver):
-        def _process(self, msg: Any) -> tuple[int | None, bool, Any]:
-            rank = getattr(msg.kind, "rank", None)
-            try:
-                return rank, True, PortReceiver._process(self, msg)
-            except Exception as exc:  # the remote exception, delivered as data
-                return rank, False, exc
+    from monarch.actor import Channel
 
     port, receiver = Channel.open()
-    return port, _OutcomeReceiver(receiver._mailbox, receiver._receiver)
+    return port, _outcome_receiver_class()(receiver._mailbox, receiver._receiver)
+
+
+_OUTCOME_RECEIVER: list[type] = []  # one class for every call (a class per call is garbage per call)
+
+
+def _outcome_receiver_class() -> type:
+    if not _OUTCOME_RECEIVER:
+        from monarch.actor import PortReceiver
+
+        class _OutcomeReceiver(PortReceiver):
+            def _process(self, msg: Any) -> tuple[int | None, bool, Any]:
+                rank = getattr(msg.kind, "rank", None)
+                try:
+                    return rank, True, PortReceiver._process(self, msg)
+                except Exception as exc:  # the remote exception, delivered as data
+                    return rank, False, exc
+
+        _OUTCOME_RECEIVER.append(_OutcomeReceiver)
+    return _OUTCOME_RECEIVER[0]
+
+
+def forget_proc_mesh(proc_mesh: Any) -> None:
+    """Drop the controller's own references to a stopped proc mesh and the actor meshes on it.
+
+    Monarch keeps every ProcMesh and ActorMesh a controller ever spawned until the controller
+    exits: the client's actor instance holds them in ``_children``, the host mesh they came from
+    in ``_proc_meshes`` and ``_pending_spawns``, and a killed (never stopped) mesh its actor
+    meshes in ``_pending_actor_spawns``. A kernel that replaces failed processes
+    for days would hold every one it ever had (measured: one ActorMesh and ProcMesh per spare).
+    """
+    from monarch.actor import context
+
+    def ours(obj: Any) -> bool:
+        return obj is proc_mesh or getattr(obj, "_proc_mesh", None) is proc_mesh
+
+    spawning = getattr(proc_mesh, "_pending_actor_spawns", None)
+    if spawning:  # never drained when the mesh was killed rather than stopped
+        spawning.clear()
+    children = getattr(context().actor_instance, "_children", None)
+    if children:
+        children[:] = [c for c in children if not ours(c)]
+    host = getattr(proc_mesh, "_host_mesh", None)
+    if host is not None:
+        meshes = getattr(host, "_proc_meshes", None)
+        if meshes:
+            meshes[:] = [m for m in meshes if m is not proc_mesh]
+        spawns = getattr(host, "_pending_spawns", None)
+        if spawns:
+            spawns[:] = [t for t in spawns if t is not getattr(proc_mesh, "_proc_mesh", None)]
 
 
 def actor_mesh_ranks(actors: Any) -> list[int]:

@@ -398,6 +398,8 @@ class Session:
                     handles.append(handle)
                     for actor in handle.actors:
                         self._actor_owner.pop(actor, None)
+            gone = {h.name for h in handles}  # a downed mesh's timeout counters go with it
+            self._timeouts = {k: v for k, v in self._timeouts.items() if k[0] not in gone}
 
         def stop(handle: MeshHandle) -> None:
             self._stop(handle, timeout, kill)
@@ -446,6 +448,9 @@ class Session:
         for proc in handle.procs:
             if proc.state == ALIVE:
                 proc.state = "stopped"
+        if handle.proc_mesh is not None:  # what is left of it is its name, processes and logs
+            seam.forget_proc_mesh(handle.proc_mesh)
+            handle.proc_mesh, handle.agent, handle.actors = None, None, {}
 
     # ---- scheduler jobs --------------------------------------------------------------------
 

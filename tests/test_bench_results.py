@@ -41,5 +41,17 @@ def test_scale_model_json_clusters_come_from_the_same_code():
 
 def test_every_field_of_the_soak_json_is_one_soak_py_writes():
     written = set(re.findall(r'"(\w+)"(?::|\] =)', (REPO / "bench/soak.py").read_text()))
-    fields = set(json.loads((REPO / "bench/results/soak.json").read_text()))
-    assert fields <= written, f"not written by bench/soak.py: {sorted(fields - written)}"
+    for name in ("soak.json", "soak_kernel.json"):
+        path = REPO / "bench/results" / name
+        if path.exists():
+            fields = set(json.loads(path.read_text()))
+            assert fields <= written, f"{name}: not written by bench/soak.py: {sorted(fields - written)}"
+
+
+def test_the_soak_fits_the_controllers_memory_slope_after_its_warm_up():
+    soak = load_bench("soak")
+    # 50 MB of warm-up in the first 5 minutes, then 10 MB per hour
+    samples = [[t, 400.0 + min(t, 300) / 6 + t * 10 / 3600] for t in range(0, 1800, 20)]
+    assert abs(soak.slope_mb_per_hour(samples, 300) - 10) < 1e-6
+    assert soak.slope_mb_per_hour(samples, 0) > 20  # the warm-up, if fitted, would dominate
+    assert soak.slope_mb_per_hour(samples[:2], 0) is None

@@ -31,3 +31,20 @@ def test_accounts_of_our_own_teardowns_are_never_shown_and_failures_between_cell
     assert shown == [FAULT]
     notices.notify(WorkerExitReported(mesh="spare3", rank=0, reason="Stopped(exit=0)"))
     assert shown == [FAULT]
+
+
+def test_failures_while_no_cell_runs_are_held_up_to_a_bound_and_the_rest_counted(monkeypatch):
+    from monarch_nb.notebook import notices as notices_mod
+
+    more = []
+    monkeypatch.setattr(notices_mod, "show_more", more.append)
+    shown = []
+    notices = FailureNotices(show=shown.append)
+    failures = [WorkerFailed(mesh=f"replica{i % 3}", rank=0, reason=f"fault {i}") for i in range(notices_mod.HELD + 7)]
+    for f in failures:
+        notices.notify(f)
+    notices.pre_run_cell()
+    assert more == [7] and shown == failures[7:]
+    notices.post_run_cell()
+    notices.pre_run_cell()
+    assert more == [7] and shown == failures[7:]  # shown once

@@ -212,3 +212,23 @@ def test_shutdown_leaves_no_worker_and_later_use_says_so(session):
     assert_gone(pids)
     with pytest.raises(MonarchNbError, match="shut down"):
         session.up("main")
+
+
+def test_a_downed_mesh_leaves_nothing_of_it_in_the_controller(session):
+    """Monarch holds every mesh a controller spawned until the controller exits; a kernel that
+    replaces failed groups for days must not (seam.forget_proc_mesh)."""
+    import gc
+
+    def alive() -> int:
+        gc.collect()
+        return sum(1 for o in gc.get_objects() if type(o).__name__ in ("ActorMesh", "ProcMesh"))
+
+    session.up("churn0", procs=1)
+    session.spawn("w", Worker, mesh="churn0")
+    session.down("churn0")
+    before = alive()
+    for i in range(1, 4):
+        session.up(f"churn{i}", procs=1)
+        session.spawn("w", Worker, mesh=f"churn{i}")
+        session.down(f"churn{i}", kill=i == 3)  # a polite stop, and a kill
+    assert alive() == before

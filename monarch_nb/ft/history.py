@@ -155,7 +155,8 @@ class RunHistory:
         last change; the stop itself is not counted)."""
         points = [(t, n) for t, n in self.live_groups()]
         stopped = self.events.events(RunStopped)
-        end = stopped[-1].t if stopped else (self.events.events()[-1].t if len(self.events) else None)
+        last = self.events.last()
+        end = stopped[-1].t if stopped else (last.t if last is not None else None)
         spent: dict[int, float] = {}
         for (t, n), nxt in zip(points, [p[0] for p in points[1:]] + [end]):
             if nxt is not None and n > 0:

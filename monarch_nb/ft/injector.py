@@ -12,6 +12,7 @@ last training group down (nor, with ``keep=K``, the training groups below K).
 
 from __future__ import annotations
 
+import collections
 import json
 import threading
 from typing import Any, Callable
@@ -19,6 +20,8 @@ from typing import Any, Callable
 from ..telemetry.events import Event, FaultInjected
 from .faults import CLUSTER_KINDS, Fault, FaultKind, FaultSchedule
 from .groups import HEALING, TRAINING, GroupTable
+
+FIRED_KEPT = 1000
 
 
 class FaultInjector:
@@ -32,7 +35,8 @@ class FaultInjector:
         self._groups, self._arm, self._cluster, self._emit, self._running = groups, arm, cluster, emit, running
         self._lock = threading.Lock()
         self._log_pos = 0
-        self._fired: list[dict[str, Any]] = []
+        # the fault log's newest firings (a recovery claims one within seconds; older ones are history)
+        self._fired: collections.deque[dict[str, Any]] = collections.deque(maxlen=FIRED_KEPT)
         self._schedule_stop: threading.Event | None = None
 
     def inject(self, kind: str | FaultKind, replica: int = 0, rank: int = 0, *, at_step: int | None = None,

@@ -179,8 +179,12 @@ class Recovery:
 class RecoveryTracker:
     """Folds events into recoveries, one event at a time (see the module docstring)."""
 
-    def __init__(self) -> None:
+    def __init__(self, keep: int | None = None) -> None:
+        """``keep``: hold at most this many recoveries (the oldest finished ones go; ``dropped``
+        counts them). A live view of a run of days keeps a bounded window; history keeps all."""
         self.recoveries: list[Recovery] = []
+        self.keep = keep
+        self.dropped = 0
         self._open: dict[int, Recovery] = {}
         # A fault injected into a group still recovering ends that recovery as "failed again";
         # kept here with the step the fault was aimed at, because the group may have committed
@@ -199,7 +203,22 @@ class RecoveryTracker:
         rec = Recovery(replica)
         self.recoveries.append(rec)
         self._open[replica] = rec
+        if self.keep is not None and len(self.recoveries) > self.keep:
+            self._forget_oldest()
         return rec
+
+    def _forget_oldest(self) -> None:
+        """Drop finished recoveries, oldest first, down to ``keep`` (open ones always stay)."""
+        excess = len(self.recoveries) - (self.keep or 0)
+        kept = []
+        for r in self.recoveries:
+            if excess > 0 and r.finished and self._open.get(r.replica) is not r and all(
+                    sup is not r for sup, _ in self._superseded.values()):
+                excess -= 1
+                self.dropped += 1
+            else:
+                kept.append(r)
+        self.recoveries = kept
 
     def _close(self, rec: Recovery) -> None:
         if self._open.get(rec.replica) is rec:

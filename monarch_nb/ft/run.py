@@ -77,9 +77,13 @@ class StopReport:
     seconds: float
     newest_checkpoint: int | None = None
     abandoned: tuple[CheckpointAbandoned, ...] = ()
+    # where the seconds went, in order (they add up to ``seconds``)
+    phases: tuple[tuple[str, float], ...] = ()
 
     def __str__(self) -> str:
         line = f"run {self.run_id} stopped in {self.seconds:.1f} s"
+        if self.phases:
+            line += " (" + ", ".join(f"{name} {secs:.1f} s" for name, secs in self.phases if secs >= 0.05) + ")"
         if self.newest_checkpoint is not None:
             line += f"; newest checkpoint: step {self.newest_checkpoint} (complete)"
         for a in self.abandoned:
@@ -505,15 +509,25 @@ class FTRun:
         if self.stopped:  # again, or while another thread stops it
             return self._stop_report or StopReport(run_id=self.run_id, seconds=0.0)
         t0 = time.monotonic()
+        phases: list[tuple[str, float]] = []
+        mark = [t0]
+
+        def phase(name: str) -> None:
+            now = time.monotonic()
+            phases.append((name, now - mark[0]))
+            mark[0] = now
+
         self.stopped = True
         atexit.unregister(self.stop)
         self.faults.stop_schedule()
         self._lighthouse_stop.set()
         if save_timeout is None:
-            save_timeout = save_deadline([e.seconds for e in self.events.events(CheckpointSaved)])
+            save_timeout = save_deadline([e.seconds for e in self.events.recent(CheckpointSaved)])
         if self.supervisor is not None:
             self.supervisor.stop(timeout=STOP_TIMEOUT_S)
+            phase("supervisor")
             self.supervisor.finish_saves(save_timeout, join_timeout=STOP_TIMEOUT_S)
+            phase("saves")
         if self._unsubscribe is not None:
             self._unsubscribe()
         if self._session is not None and self.supervisor is not None:
@@ -524,21 +538,25 @@ class FTRun:
             for g in self.groups:
                 if g.state not in (GAVE_UP, RETIRED):
                     self.supervisor.set_state(g, STOPPED)
+            phase("groups")
         abandoned = self._remove_torn_checkpoints() if self.config.checkpoint_every else []
         self.placement.close()
         if self.lighthouse is not None:
             self.lighthouse.stop()
+        phase("lighthouse")
         self.events.append(RunStopped(run_id=self.run_id, reason=reason))
         self._draw_final_dashboard()
+        phase("dashboard")
         newest = latest_complete(self.checkpoint_dir) if self.config.checkpoint_every else None
-        self._stop_report = StopReport(run_id=self.run_id, seconds=time.monotonic() - t0,
-                                       newest_checkpoint=newest.step if newest else None,
-                                       abandoned=tuple(abandoned))
         if self._own_session and self._session is not None:
             try:
                 self._session.shutdown()  # closes self.events too (it was handed over)
             except Exception:
                 pass
+            phase("session")
+        self._stop_report = StopReport(run_id=self.run_id, seconds=time.monotonic() - t0,
+                                       newest_checkpoint=newest.step if newest else None,
+                                       abandoned=tuple(abandoned), phases=tuple(phases))
         self.events.close()
         return self._stop_report
 
@@ -558,7 +576,7 @@ class FTRun:
     def _remove_torn_checkpoints(self) -> list[CheckpointAbandoned]:
         """Once every writer is gone: remove saves that never completed, each recorded once
         (a worker that gave up on its save already reported it, with its reason)."""
-        reported = {e.step: e for e in self.events.events(CheckpointAbandoned)}
+        reported = {e.step: e for e in self.events.recent(CheckpointAbandoned)}
         out = []
         for torn in remove_torn(self.checkpoint_dir):
             event = reported.get(torn.step)

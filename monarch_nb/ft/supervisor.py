@@ -235,7 +235,7 @@ class Supervisor:
         queued; a teardown right then takes the event with it.)"""
         if self.run_events is None:
             return self.progress()
-        return max((e.step for e in self.run_events.events("step") if e.committed), default=self.progress())
+        return max((e.step for e in self.run_events.recent("step") if e.committed), default=self.progress())
 
     def progress(self) -> int:
         """The run's last committed step, as far as the groups reported it."""

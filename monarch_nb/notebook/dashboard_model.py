@@ -154,8 +154,67 @@ LOGS = "logs"
 PANELS = (HEADER, HEALTH, QUORUM, PLOT, TIMELINE, CONTROLS, LOGS)
 
 
+# A run of days must not grow the kernel: the model keeps a window of the newest points and a
+# thinned history of the older ones (every point is still in the event log).
+POINTS_KEPT = 2000  # per group's committed curve and for the global curve, before thinning
+LOSS_KEPT = 2000  # every reported (step, loss, committed) per group, newest
+MARKERS_KEPT = 600
+LIVE_SERIES_KEPT = 2000
+RECOVERIES_KEPT = 200
+GLOBAL_SETTLE_STEPS = 200  # a step this far behind the newest has every commit it will get
+
+
+class Curve:
+    """One loss line, thinned uniformly to at most about ``2 * cap`` points however long the run:
+    when full every other point goes, and from then on one point in ``stride`` is kept. The
+    points on both sides of a gap (steps missing) stay, so the line breaks where the data does,
+    for the newest ``cap / 4`` gaps (older ones are drawn joined); the newest point is always shown."""
+
+    def __init__(self, cap: int | None = None) -> None:
+        self.cap = POINTS_KEPT if cap is None else cap
+        self.points: list[tuple[int, float]] = []
+        self.gaps: list[int] = []  # indexes into points where steps are missing before that point
+        self.stride = 1
+        self._seen = 0
+        self._last: tuple[int, float] | None = None
+
+    def add(self, step: int, loss: float, *, gap: bool = False) -> None:
+        """Append a point; ``gap`` marks steps missing before it."""
+        if gap and self._last is not None and (not self.points or self.points[-1] is not self._last):
+            self.points.append(self._last)  # the point just before the gap
+        if gap and self.points:
+            self.gaps.append(len(self.points))
+        self._seen += 1
+        self._last = (step, loss)
+        if gap or self._seen % self.stride == 0:
+            self.points.append(self._last)
+        if len(self.points) > 2 * self.cap:
+            self._halve()
+
+    @property
+    def last(self) -> tuple[int, float] | None:
+        return self._last
+
+    def view(self) -> list[tuple[int, float]]:
+        """The kept points and the newest one."""
+        if self._last is None or (self.points and self.points[-1] is self._last):
+            return self.points
+        return [*self.points, self._last]
+
+    def _halve(self) -> None:
+        if len(self.gaps) > self.cap // 4:  # the oldest breaks go too: old history is one line
+            self.gaps = self.gaps[len(self.gaps) // 2:]
+        n = len(self.points)
+        keep = sorted(set(range(0, n, 2)) | {n - 1} | {i for g in self.gaps for i in (g - 1, g) if 0 <= i < n})
+        where = {old: new for new, old in enumerate(keep)}
+        self.points = [self.points[i] for i in keep]
+        self.gaps = [where[g] for g in self.gaps]
+        self.stride *= 2
+
+
 class DashboardModel:
-    """Folds telemetry events into what the dashboard shows. Not thread-safe: callers lock."""
+    """Folds telemetry events into what the dashboard shows. Not thread-safe: callers lock.
+    Its memory is bounded whatever the run's length (see ``POINTS_KEPT``)."""
 
     def __init__(self, *, log_size: int = 200, reopened: bool = False) -> None:
         # A log read back from disk that nothing appends to (``EventStore.open``): a run in it
@@ -176,19 +235,19 @@ class DashboardModel:
         self.steps_attempted = 0
         self.steps_committed = 0
         self.global_step: int | None = None
-        # loss[replica] = every (step, loss, committed) the group reported
-        self.loss: dict[int, list[tuple[int, float, bool]]] = {}
-        # committed[replica] = committed (step, loss); gaps[replica] = indexes where steps are missing
-        self.committed: dict[int, list[tuple[int, float]]] = {}
-        self.gaps: dict[int, list[int]] = {}
+        # loss[replica] = the last LOSS_KEPT (step, loss, committed) the group reported
+        self.loss: dict[int, deque[tuple[int, float, bool]]] = {}
+        # committed[replica] = the group's committed (step, loss), thinned (see Curve)
+        self.committed: dict[int, Curve] = {}
         self.dropped: dict[int, deque[tuple[int, float]]] = {}
         self._global_sum: dict[int, list[float]] = {}  # step -> [sum, count] over committed
         self._global_steps: list[int] = []  # the keys of _global_sum, in order
-        self.markers: list[Marker] = []
-        self.tracker = RecoveryTracker()
+        self._global_settled = Curve()  # older steps' means, thinned
+        self.markers: deque[Marker] = deque(maxlen=MARKERS_KEPT)
+        self.tracker = RecoveryTracker(keep=RECOVERIES_KEPT)
         self._recovery: Recovery | None = None  # what the event being applied changed
         self.identical: tuple[int, bool] | None = None
-        self.live_series: list[tuple[float, int]] = []  # (t, groups training) at every change
+        self.live_series: deque[tuple[float, int]] = deque(maxlen=LIVE_SERIES_KEPT)  # (t, groups training)
         self.training = 0  # groups in state "training" now (kept by _set_state: no scan per event)
         self._unseen: set[int] = set()  # groups with a failure not drawn yet (see mark_drawn)
         self._points = 0  # loss points of every group (see point_count)
@@ -313,7 +372,7 @@ class DashboardModel:
         rec.last_step = e.step
         rec.last_loss = e.loss
         rec.tokens_per_s = e.tokens_per_s
-        self.loss.setdefault(e.replica, []).append((e.step, e.loss, e.committed))
+        self.loss.setdefault(e.replica, deque(maxlen=LOSS_KEPT)).append((e.step, e.loss, e.committed))
         self._points += 1
         changed = {HEALTH, QUORUM, PLOT}
         if e.committed:
@@ -323,17 +382,22 @@ class DashboardModel:
                 rec.last_committed_step = e.step
             if self.global_step is None or e.step > self.global_step:
                 self.global_step = e.step
-            pts = self.committed.setdefault(e.replica, [])
-            if pts and e.step > pts[-1][0] + 1:
-                self.gaps.setdefault(e.replica, []).append(len(pts))
-            pts.append((e.step, e.loss))
+            curve = self.committed.get(e.replica)
+            if curve is None:
+                curve = self.committed[e.replica] = Curve()
+            curve.add(e.step, e.loss, gap=curve.last is not None and e.step > curve.last[0] + 1)
             acc = self._global_sum.get(e.step)
-            if acc is None:
+            settled = self._global_settled.last
+            if acc is None and settled is not None and e.step <= settled[0]:
+                acc = [0.0, 0]  # a commit of a step already settled into the history: not drawn
+            elif acc is None:
                 acc = self._global_sum[e.step] = [0.0, 0]
                 if self._global_steps and e.step < self._global_steps[-1]:
                     bisect.insort(self._global_steps, e.step)
                 else:
                     self._global_steps.append(e.step)
+                if len(self._global_steps) > 2 * POINTS_KEPT:
+                    self._settle_global()
             acc[0] += e.loss
             acc[1] += 1
             # A committed step proves the group is training again (covers runs that do not
@@ -524,16 +588,28 @@ class DashboardModel:
         return {r: list(pts) for r, pts in sorted(self.loss.items())}
 
     def global_loss(self, limit: int | None = None) -> list[tuple[int, float]]:
-        """Committed global loss: per step, the mean loss of the groups that committed it."""
-        steps = _sample(self._global_steps, limit) if limit else self._global_steps
-        return [(s, self._global_sum[s][0] / self._global_sum[s][1]) for s in steps]
+        """Committed global loss: per step, the mean loss of the groups that committed it (older
+        steps thinned, see ``_settle_global``)."""
+        points = self._global_settled.view() + [(s, self._global_sum[s][0] / self._global_sum[s][1])
+                                                for s in self._global_steps]
+        return _sample(points, limit) if limit else points
+
+    def _settle_global(self) -> None:
+        """Move the older half of the live global steps into the thinned history. Only steps
+        ``GLOBAL_SETTLE_STEPS`` behind the newest move: they have every commit they will get."""
+        newest = self._global_steps[-1]
+        half = [s for s in self._global_steps[:POINTS_KEPT] if s < newest - GLOBAL_SETTLE_STEPS]
+        for s in half:
+            total, count = self._global_sum.pop(s)
+            self._global_settled.add(s, total / count)
+        self._global_steps = self._global_steps[len(half):]
 
     def point_count(self) -> int:
         return self._points
 
     def plot_data(self, limit: int = 600) -> PlotData:
         """A sampled copy for the plot: O(limit) per group whatever the run's length."""
-        committed = {r: _sample_with_gaps(self.committed.get(r, []), self.gaps.get(r, []), limit)
+        committed = {r: _sample_with_gaps(c.view(), c.gaps, limit) if (c := self.committed.get(r)) else []
                      for r in sorted(self.loss)}
         dropped = {r: list(self.dropped.get(r, ())) for r in sorted(self.loss)}
         return PlotData(committed, dropped, self.global_loss(limit), list(self.markers), self.point_count(),

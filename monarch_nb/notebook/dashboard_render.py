@@ -311,21 +311,24 @@ PHASE_NOTES = {"teardown": "stop", "acquire": "spawn", "heal": "transfer"}
 
 
 def recoveries_html(recoveries: list[Recovery], t0: float | None, *, bars: bool = True,
-                    last: int | None = None) -> str:
+                    last: int | None = None, dropped: int = 0) -> str:
     """One row per failure and its recovery; with ``last`` only the last ``last`` rows and
     every recovery still in progress (a run of many groups fails often: the live table, and
-    the cost of drawing it, stay bounded; the static copy lists all)."""
-    if not recoveries:
+    the cost of drawing it, stay bounded; the static copy lists all the model holds).
+    ``dropped``: earlier recoveries the model no longer holds (a long run's bounded window)."""
+    total = len(recoveries) + dropped
+    if not total:
         return "<div class='mnb-recoveries' data-count='0'><i>no failures so far</i></div>"
     first = 0 if last is None else max(0, len(recoveries) - last)
-    shown = [(i, r) for i, r in enumerate(recoveries) if i >= first or not r.finished]
+    shown = [(i + dropped, r) for i, r in enumerate(recoveries) if i >= first or not r.finished]
     rows = []
-    if len(shown) < len(recoveries):
+    if len(shown) < total:
+        where = ("<code>run.history().recoveries()</code> reads all from the event log" if dropped else
+                 "the static copy, <code>show_static()</code>, lists all")
         rows.append(f"<tr class='mnb-recoveries-earlier'><td colspan='{len(PHASES) + 6 + bool(bars)}' "
-                    f"style='color:#666'>{len(recoveries) - len(shown)} earlier recoveries not shown "
-                    f"(the static copy, <code>show_static()</code>, lists all {len(recoveries)})"
-                    f"</td></tr>")
-    longest = max((r.total_s or sum(p.duration_s or 0.0 for p in r.phases())) for _, r in shown) or 1.0
+                    f"style='color:#666'>{total - len(shown)} earlier recoveries not shown "
+                    f"({where} {total})</td></tr>")
+    longest = max(((r.total_s or sum(p.duration_s or 0.0 for p in r.phases())) for _, r in shown), default=0.0) or 1.0
     for i, r in shown:
         phases = r.phases()
         cells = "".join(
@@ -361,7 +364,7 @@ def recoveries_html(recoveries: list[Recovery], t0: float | None, *, bars: bool 
     return ("<div class='mnb-recoveries' data-count='%d' data-shown='%d'><table border='1' style='border-collapse:"
             "collapse;font-family:sans-serif;font-size:12px'><thead><tr><th>group</th><th>fault</th><th>at</th>"
             "%s<th>total</th><th>status</th><th>state copied</th>%s</tr></thead><tbody>%s</tbody></table></div>"
-            % (len(recoveries), len(shown), phase_heads, bar_head, "".join(rows)))
+            % (total, len(shown), phase_heads, bar_head, "".join(rows)))
 
 
 def logs_html(lines: list[Any], log_dir: Any, *, scroll: bool = True) -> str:
@@ -384,7 +387,7 @@ def events_html(lines: Iterable[LogLine], t0: float | None, *, scroll: bool = Tr
 
 def timeline_html(model: DashboardModel, last_events: int = 12, last_recoveries: int = 10) -> str:
     t0 = model.started_t
-    return (recoveries_html(model.recoveries, t0, last=last_recoveries)
+    return (recoveries_html(model.recoveries, t0, last=last_recoveries, dropped=model.tracker.dropped)
             + "<div style='font-size:12px;margin-top:4px'><b>events</b></div>"
             + events_html(sorted(model.event_log(last_events), key=lambda line: line.t, reverse=True), t0))
 
@@ -601,7 +604,8 @@ def static_html(model: DashboardModel, png: bytes | None, now: float, logs: str 
             + quorum_html(model.quorum_summary())
             + img
             + "<h4 style='margin:4px 0'>health</h4>" + health_table_html(cells)
-            + "<h4 style='margin:4px 0'>recoveries</h4>" + recoveries_html(model.recoveries, model.started_t, bars=False)
+            + "<h4 style='margin:4px 0'>recoveries</h4>" + recoveries_html(model.recoveries, model.started_t, bars=False,
+                                                                            dropped=model.tracker.dropped)
             + "<h4 style='margin:4px 0'>events</h4>" + events_html(sorted(model.event_log(100), key=lambda line: line.t), model.started_t, scroll=False)
             + ("<h4 style='margin:4px 0'>worker logs</h4>" + logs if logs else "")
             + "</div>")

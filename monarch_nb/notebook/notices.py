@@ -3,7 +3,8 @@
 A failure reported while a cell runs is shown in that cell. One reported while no cell runs is
 held and shown at the top of the next cell's output: a frontend drops output addressed to a
 cell that has already finished. Sessions are watched as they appear (the magics' session, or
-one a cell creates itself).
+one a cell creates itself). At most ``HELD`` notices are held between cells (a run left alone
+overnight fails many times): the next cell shows the last ``HELD`` and one line counting the rest.
 """
 
 from __future__ import annotations
@@ -14,7 +15,9 @@ from typing import Any, Callable
 from IPython.display import display
 
 from ..telemetry.events import WorkerFailed
-from .html import failure_html
+from .html import esc, failure_html
+
+HELD = 20  # notices kept for the next cell; older ones are counted, not kept
 
 
 class FailureNotices:
@@ -26,6 +29,7 @@ class FailureNotices:
         self._lock = threading.Lock()
         self._running = False
         self._pending: list[Any] = []
+        self._held_over = 0  # failures between cells beyond HELD (counted only)
         self._watched: set[int] = set()
         self._unsubscribe: list[Any] = []
 
@@ -42,6 +46,9 @@ class FailureNotices:
         with self._lock:
             if not self._running:
                 self._pending.append(event)
+                if len(self._pending) > HELD:
+                    self._pending.pop(0)
+                    self._held_over += 1
                 return
         self._show(event)
 
@@ -57,6 +64,9 @@ class FailureNotices:
         with self._lock:
             self._running = True
             pending, self._pending = self._pending, []
+            over, self._held_over = self._held_over, 0
+        if over:
+            show_more(over)
         for event in pending:
             self._show(event)
 
@@ -81,6 +91,12 @@ def failure_text(event: WorkerFailed) -> str:
 def show_failure(event: WorkerFailed) -> None:
     display({"text/plain": failure_text(event),
              "text/html": failure_html(event.mesh, event.rank, event.reason, event.action)}, raw=True)
+
+
+def show_more(count: int) -> None:
+    text = (f"monarch: {count} earlier failures while no cell ran are not shown one by one; "
+            f"`%monarch status` and run.history().recoveries() list them")
+    display({"text/plain": text, "text/html": f"<div class='mnb-failures-more'>{esc(text)}</div>"}, raw=True)
 
 
 # The notices of this kernel (set while the extension is loaded).

@@ -7,10 +7,16 @@ mistyped lines): lines that are no event are skipped and counted, and a file tha
 log at all is refused rather than shown as an empty run. Observers (widgets, the CLI) subscribe
 and are called on the writer's thread: they must be quick and must not raise (errors are counted,
 not propagated, so a broken widget can never stop training telemetry).
+
+A store that writes a file keeps only its last ``MEMORY_EVENTS`` events in memory: a run of days
+would otherwise hold every step it ever made in the kernel. Everything is in the file, and a
+question about more than the window (``events()``, a replay) reads the file, so the answers are
+the same; only their cost differs.
 """
 
 from __future__ import annotations
 
+import collections
 import inspect
 import json
 import os
@@ -31,6 +37,11 @@ MAX_LINE_BYTES = 1 << 20
 SKIPPED_KEPT = 20
 # How many of the last events a timed-out ``wait_for`` shows.
 WAIT_TAIL = 20
+# Events a store with a file keeps in memory (about 0.5 KB each); older ones are read from the file.
+MEMORY_EVENTS = 5000
+# How far (seconds) event times from different processes may disagree: a replay since t is
+# answered from memory only when the window reaches this much further back.
+CLOCK_SKEW_S = 60.0
 EVENT_LOG_FORMAT = ("expected JSON objects with 'kind' and 't', one per line, "
                     "as runs write to <run_dir>/events.jsonl")
 
@@ -40,9 +51,12 @@ class NotAnEventLog(ValueError):
 
 
 class EventStore:
-    def __init__(self, path: str | Path | None = None) -> None:
+    def __init__(self, path: str | Path | None = None, *, memory_events: int = MEMORY_EVENTS) -> None:
         self.path = Path(path) if path is not None else None
-        self._events: list[Event] = []
+        self._memory_events = memory_events
+        # Without a file, memory is the only copy: every event stays. With one, a window.
+        self._events: collections.deque[Event] = collections.deque(maxlen=memory_events if path else None)
+        self._evicted = 0  # events no longer in memory (all of them in the file)
         self._observers: list[Observer] = []
         self._lock = threading.RLock()
         self._file = None
@@ -79,6 +93,7 @@ class EventStore:
             first = f"; line {store.skipped[0][0]}: {store.skipped[0][1]}" if store.skipped else ""
             raise NotAnEventLog(f"no line of {path} is a monarch_nb event ({EVENT_LOG_FORMAT}){first}")
         if follow:
+            store._window()
             torn = _ends_mid_line(path)
             store._file = open(path, "a", encoding="utf-8")
             if torn:
@@ -86,11 +101,18 @@ class EventStore:
                 store._file.flush()
         return store
 
-    def _load(self, path: Path) -> int:
-        """Read ``path`` line by line into ``_events``; returns how many lines were not blank."""
+    def _window(self) -> None:
+        """From now on keep only the last ``memory_events`` in memory (the file has them all)."""
+        total = len(self._events)
+        self._events = collections.deque(self._events, maxlen=self._memory_events)
+        self._evicted = total - len(self._events)
+
+    def _load(self, path: Path, upto: int | None = None) -> int:
+        """Read ``path`` (its first ``upto`` bytes) line by line into ``_events``; returns how many
+        lines were not blank."""
         non_empty = 0
         with open(path, "rb") as f:
-            for line_no, raw in enumerate(_lines(f), 1):
+            for line_no, raw in enumerate(_lines(f, upto), 1):
                 if raw is None:
                     non_empty += 1
                     self._skip(line_no, f"longer than {MAX_LINE_BYTES} bytes")
@@ -114,6 +136,8 @@ class EventStore:
 
     def append(self, event: Event) -> None:
         with self._lock:
+            if len(self._events) == self._events.maxlen:
+                self._evicted += 1
             self._events.append(event)
             if self._file is not None:
                 self._file.write(json.dumps(event.to_dict(), default=str) + "\n")
@@ -127,12 +151,32 @@ class EventStore:
 
     def subscribe(self, observer: Observer, *, replay: bool = False) -> Callable[[], None]:
         """Call ``observer`` for every new event; returns a function that unsubscribes."""
+        self._subscribe(observer, replay=replay)
+        return self._unsubscriber(observer)
+
+    def _subscribe(self, observer: Observer, *, replay: bool, since: float = 0.0) -> None:
         with self._lock:
-            past = list(self._events) if replay else []
             self._observers.append(observer)
-        for event in past:
+            past = self._snapshot(since) if replay else []
+        for event in past if isinstance(past, list) else self._read(past):
             observer(event)
 
+    def _snapshot(self, since: float = 0.0) -> list[Event] | int:
+        """Under the lock: the events recorded at or after ``since`` when memory holds them all,
+        else how many bytes of the file hold every event so far (read them outside the lock)."""
+        if not self._evicted or (since and self._events and self._events[0].t < since - CLOCK_SKEW_S):
+            return list(self._events)
+        assert self._file is not None and self.path is not None
+        self._file.flush()
+        return os.fstat(self._file.fileno()).st_size
+
+    def _read(self, upto: int) -> list[Event]:
+        """Every event in the first ``upto`` bytes of the file."""
+        copy = EventStore(None)
+        copy._load(self.path, upto)  # type: ignore[arg-type]
+        return list(copy._events)
+
+    def _unsubscriber(self, observer: Observer) -> Callable[[], None]:
         def unsubscribe() -> None:
             with self._lock:
                 if observer in self._observers:
@@ -154,7 +198,8 @@ class EventStore:
                 box.append(e)
                 found.set()
 
-        unsubscribe = self.subscribe(observer, replay=True)
+        self._subscribe(observer, replay=True, since=since)
+        unsubscribe = self._unsubscriber(observer)
         try:
             if not found.wait(timeout):
                 after = f" (recorded since {_clock(since)})" if since else ""
@@ -166,11 +211,25 @@ class EventStore:
 
     def tail(self, n: int = WAIT_TAIL) -> str:
         """The last ``n`` events, one short line each (what a failed wait shows)."""
-        events = self.events()
-        lines = [_one_line(e) for e in events[-n:]]
-        return f"last {len(lines)} of {len(events)} events:\n" + "\n".join(lines) if lines else "no events recorded"
+        with self._lock:
+            last = list(self._events)[-n:]
+            total = len(self._events) + self._evicted
+        lines = [_one_line(e) for e in last]
+        return f"last {len(lines)} of {total} events:\n" + "\n".join(lines) if lines else "no events recorded"
 
     def events(self, kind: str | type[Event] | None = None) -> list[Event]:
+        """Every event recorded (of ``kind``): from memory, or the file when memory has dropped some."""
+        with self._lock:
+            snap = self._snapshot()
+        items = snap if isinstance(snap, list) else self._read(snap)
+        if kind is None:
+            return items
+        name = kind if isinstance(kind, str) else kind.kind
+        return [e for e in items if e.kind == name]
+
+    def recent(self, kind: str | type[Event] | None = None) -> list[Event]:
+        """The events (of ``kind``) still in memory: the newest ``memory_events``, never the file.
+        For questions about the run's present (its last step, its recent saves)."""
         with self._lock:
             items = list(self._events)
         if kind is None:
@@ -183,7 +242,18 @@ class EventStore:
 
     def __len__(self) -> int:
         with self._lock:
+            return len(self._events) + self._evicted
+
+    @property
+    def held(self) -> int:
+        """How many events are in memory now (at most ``memory_events`` with a file)."""
+        with self._lock:
             return len(self._events)
+
+    def last(self) -> Event | None:
+        """The newest event (from memory)."""
+        with self._lock:
+            return self._events[-1] if self._events else None
 
     def sync(self) -> None:
         """Force the log to stable storage (called at run end; per-event fsync is too slow)."""
@@ -228,11 +298,14 @@ def _ends_mid_line(path: Path) -> bool:
         return f.read(1) != b"\n"
 
 
-def _lines(f: BinaryIO) -> Iterator[bytes | None]:
-    """The file's lines as bytes; ``None`` for a line over ``MAX_LINE_BYTES`` (read past in
-    chunks, never held whole)."""
+def _lines(f: BinaryIO, upto: int | None = None) -> Iterator[bytes | None]:
+    """The file's lines (in its first ``upto`` bytes) as bytes; ``None`` for a line over
+    ``MAX_LINE_BYTES`` (read past in chunks, never held whole)."""
     while True:
-        raw = f.readline(MAX_LINE_BYTES + 1)
+        room = MAX_LINE_BYTES + 1 if upto is None else min(MAX_LINE_BYTES + 1, upto - f.tell())
+        if room <= 0:
+            return
+        raw = f.readline(room)
         if not raw:
             return
         if len(raw) > MAX_LINE_BYTES and not raw.endswith(b"\n"):
