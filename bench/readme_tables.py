@@ -185,8 +185,8 @@ def soak_kernel_block(soak: dict[str, Any], churn: dict[str, Any] | None) -> str
                  f"{by['call_session']['kb_per_unit']:.2f} KB on the supervisor's path. Every recovered fault is "
                  f"a mesh cycle and the supervisor polls every group {1 / soak['poll_interval_s']:g} times a "
                  + (f"second ({soak['calls_per_s']:.1f} calls a second in all in this soak)" if "calls_per_s" in soak
-                    else "second") + ", so this native growth, which no Python object of ours holds, is most of "
-                 f"the slope above.")
+                    else "second") + ": this native growth, which no Python object of ours holds, is a large part "
+                 f"of the slope above (the rest is not yet attributed).")
     return _wrap(text)
 
 

@@ -318,8 +318,9 @@ class Supervisor:
             return
         failure = Failure(getattr(event, "reason", "process failed"), getattr(event, "rank", None), time.time(),
                           "supervision")
-        if not self.groups.signal_failure(g, failure) and forward:
-            self._emit(event)  # a failure already acted on (our own report of it, or a second rank)
+        self.groups.signal_failure(g, failure)
+        if forward:  # the session reports each failed rank once; the run's own log has each too
+            self._emit(event)
 
     def poll_interval(self) -> float:
         """Seconds between two polls of one group: ``poll_interval_s`` up to POLLS_PER_S / 4
