@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import statistics
 import sys
 from pathlib import Path
 
@@ -50,9 +51,7 @@ def meshes_alive() -> int:
 
 def slope(samples: list[float]) -> float:
     """Least-squares growth per step of ``samples``."""
-    n = len(samples)
-    mx, my = (n - 1) / 2, sum(samples) / n
-    return sum((i - mx) * (y - my) for i, y in enumerate(samples)) / sum((i - mx) ** 2 for i in range(n))
+    return statistics.linear_regression(range(len(samples)), samples).slope
 
 
 def monarch_cycle(i: int, _: Session) -> None:

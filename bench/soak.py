@@ -41,6 +41,7 @@ import collections
 import json
 import os
 import random
+import statistics
 import sys
 import threading
 import time
@@ -123,10 +124,7 @@ def slope_mb_per_hour(samples: list[list[float]], after_s: float) -> float | Non
     pts = [(t, mb) for t, mb in samples if t >= after_s]
     if len(pts) < 3:
         return None
-    mt = sum(t for t, _ in pts) / len(pts)
-    mm = sum(mb for _, mb in pts) / len(pts)
-    var = sum((t - mt) ** 2 for t, _ in pts)
-    return sum((t - mt) * (mb - mm) for t, mb in pts) / var * 3600 if var else None
+    return statistics.linear_regression([t for t, _ in pts], [mb for _, mb in pts]).slope * 3600
 
 
 def memory_fields(samples: list[list[float]], fit_after_min: float) -> dict:

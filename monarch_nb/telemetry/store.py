@@ -221,21 +221,14 @@ class EventStore:
         """Every event recorded (of ``kind``): from memory, or the file when memory has dropped some."""
         with self._lock:
             snap = self._snapshot()
-        items = snap if isinstance(snap, list) else self._read(snap)
-        if kind is None:
-            return items
-        name = kind if isinstance(kind, str) else kind.kind
-        return [e for e in items if e.kind == name]
+        return _of_kind(snap if isinstance(snap, list) else self._read(snap), kind)
 
     def recent(self, kind: str | type[Event] | None = None) -> list[Event]:
         """The events (of ``kind``) still in memory: the newest ``memory_events``, never the file.
         For questions about the run's present (its last step, its recent saves)."""
         with self._lock:
             items = list(self._events)
-        if kind is None:
-            return items
-        name = kind if isinstance(kind, str) else kind.kind
-        return [e for e in items if e.kind == name]
+        return _of_kind(items, kind)
 
     def __iter__(self) -> Iterator[Event]:
         return iter(self.events())
@@ -296,6 +289,13 @@ def _ends_mid_line(path: Path) -> bool:
             return False
         f.seek(-1, os.SEEK_END)
         return f.read(1) != b"\n"
+
+
+def _of_kind(items: list[Event], kind: str | type[Event] | None) -> list[Event]:
+    if kind is None:
+        return items
+    name = kind if isinstance(kind, str) else kind.kind
+    return [e for e in items if e.kind == name]
 
 
 def _lines(f: BinaryIO, upto: int | None = None) -> Iterator[bytes | None]:
