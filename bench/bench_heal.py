@@ -1,19 +1,27 @@
-"""How fast state can move on this machine, and how fast torchft's transports move it: the
-references a heal is measured against (issue: heal at the machine's limit).
+"""How fast a heal moves a live peer's state, against what this machine and torchft can do
+(issue: heal at the machine's limit). One invocation, side by side, per state size (GB):
 
-For each state size (GB), side by side in one invocation:
+References (no training, in this process):
   memcpy          one copy of the state in memory (torch ``copy_``): no heal beats it
-  loopback_1      the state's bytes through one loopback TCP stream (sender and receiver are
-                  two threads of this process; sockets release the GIL)
+  loopback_1      the state's bytes through one loopback TCP stream (two threads; sockets
+                  release the GIL)
   loopback_N      the same split over N parallel streams (``--streams``)
   torchft_http    torchft's ``HTTPTransport`` send/recv of a state dict of 3 MB tensors, as its
                   own ``http_transport_bench`` does it (``num_chunks`` 0), and chunked (N)
-Each record: ``{"path", "size_gb", "gbps", "seconds", "donors", "donor_extra_rss_gb"}`` (donors
-and the donor's extra RSS apply to heals and are null here). The heal itself (``heal``,
-``heal_striped``: a run, a kill, ``healed`` with the donor training) is not measured by this
-script yet.
+  striped_1       monarch_nb's transport (ft/heal_transport.py): one donor, digests checked
+  striped_N       the same from N donors (``--donors``, default 2) at once
+The heal itself, in a real run (``--heal``, default on): a model flavour whose trainer state
+(parameters + AdamW) is nearest the size, R groups training; one group is killed, respawned
+and heals while the survivors hold their step (they wait for it in the step's allreduce):
+  heal            R = 2: one donor, heal_transport "striped"
+  heal_striped    R = 3: two donors at once
+  heal_torchft    R = 2 over torchft's HTTPTransport (heal_transport "http"): the old path
+GB/s of a heal is the state's bytes over what the victim spent receiving and loading them.
+``donor_extra_rss_gb``: the donors' largest RSS during the heal minus their RSS before it.
+Each record: ``{"path", "size_gb", "gbps", "seconds", "donors", "donor_extra_rss_gb"}``.
 
-Usage: python bench/bench_heal.py [--sizes 0.1,1] [--quick] [--streams 4] [--out FILE.json]
+Usage: python bench/bench_heal.py [--sizes 0.1,1,4] [--quick] [--streams 4] [--no-heal] [--out FILE.json]
+  --quick: sizes 0.1 and 1 (debugmodel and small for the heals).
 """
 
 from __future__ import annotations
@@ -106,11 +114,118 @@ def torchft_http(size: int, num_chunks: int) -> float:
         transport.shutdown(wait=False)
 
 
+def striped(size: int, donors: int) -> float:
+    """monarch_nb's transport alone: ``donors`` transports serving one state, one receiving it."""
+    from monarch_nb.ft.heal_transport import StripedTransport
+
+    timeout = timedelta(seconds=600)
+    served = {f"t{i}": torch.ones(CHUNK_BYTES // 4) for i in range(0, size, CHUNK_BYTES)}
+    mine = {k: torch.zeros_like(v) for k, v in served.items()}
+    senders = [StripedTransport("127.0.0.1", timeout, target=dict, peers=list, replica=i) for i in range(donors)]
+    for t in senders:
+        t.offer(1, served)
+    addresses = [t.metadata() for t in senders]
+    receiver = StripedTransport("127.0.0.1", timeout, target=lambda: mine, peers=lambda: addresses)
+    try:
+        t = time.perf_counter()
+        receiver.recv_checkpoint(0, addresses[0], 1, timeout)
+        return time.perf_counter() - t
+    finally:
+        for x in senders + [receiver]:
+            x.shutdown(wait=False)
+
+
+# Model flavours by their trainer state's size in GB (parameters + AdamW's two moments, fp32).
+FLAVOR_STATE_GB = {"debugmodel": 0.074, "debug4x": 0.35, "small": 1.25, "medium": 4.9}
+
+
+def flavour_for(gb: float) -> str:
+    import math
+
+    return min(FLAVOR_STATE_GB, key=lambda f: abs(math.log(FLAVOR_STATE_GB[f] / gb)))
+
+
+def rss_gb(pid: int) -> float | None:
+    try:
+        with open(f"/proc/{pid}/statm") as f:
+            return int(f.read().split()[1]) * 4096 / 1e9
+    except OSError:
+        return None
+
+
+def heal(path: str, size_asked: float, replicas: int, transport: str) -> dict:
+    """A real run: kill the last group, wait for its heal; the heal's bandwidth and the donors'
+    extra RSS while they served it."""
+    from monarch_nb.ft import FTRun, RunConfig
+    from monarch_nb.telemetry.events import Healed
+
+    model = flavour_for(size_asked)
+    cfg = RunConfig(replicas=replicas, model=model, heal_transport=transport, init_timeout_s=900,
+                    hang_timeout_s=120, pg_timeout_s=120, run_name=f"bench-heal-{path}-{model}-{time.strftime('%H%M%S')}")
+    run = FTRun(cfg)
+    victim, donors = replicas - 1, list(range(replicas - 1))
+    try:
+        run.start()
+        run.wait_for_step(3, timeout=900)
+        pids = [pid for d in donors for pid in run.groups[d].pids]
+        samples: list[tuple[float, float]] = []  # (t, summed donor RSS)
+        stop = threading.Event()
+
+        def sample() -> None:
+            while not stop.wait(0.02):
+                values = [rss_gb(p) for p in pids]
+                samples.append((time.time(), sum(v for v in values if v is not None)))
+
+        sampler = threading.Thread(target=sample, daemon=True)
+        sampler.start()
+        t = time.time()
+        run.inject("kill", replica=victim)
+        healed = run.wait_for(lambda e: isinstance(e, Healed) and e.replica == victim and e.cause == "recovery",
+                              timeout=900, since=t)
+        stop.set()
+        sampler.join()
+        before = [v for ts, v in samples if ts < t]
+        during = [v for ts, v in samples if healed.t - healed.seconds - 0.5 <= ts <= healed.t + 0.5]
+        extra = (max(during) - max(before)) / len(donors) if before and during else None
+    finally:
+        run.stop()
+    gb = healed.bytes / 1e9
+    out = record(path, gb, healed.seconds)
+    out.update(donors=len(healed.donors) if healed.donors else 1, donor_extra_rss_gb=extra, model=model,
+               transfer_gbps=healed.gbps, corrupt=healed.corrupt, size_asked_gb=size_asked)
+    return out
+
+
+def plot(records: list[dict], path: Path) -> None:
+    """GB/s against state size, one line per path (heals at their model's state size)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for name in dict.fromkeys(r["path"] for r in records):
+        pts = sorted((r["size_gb"], r["gbps"]) for r in records if r["path"] == name and r["gbps"])
+        style = "o-" if name.startswith("heal") else "s--"
+        ax.plot([x for x, _ in pts], [y for _, y in pts], style, label=name, linewidth=2 if name.startswith("heal") else 1)
+    ax.set_xscale("log")
+    ax.set_xlabel("state size (GB)")
+    ax.set_ylabel("GB/s")
+    ax.set_title("heal bandwidth vs the machine's references (2-core CPU box, loopback)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--sizes", default="0.1,1,4", help="GB of state, comma-separated")
     p.add_argument("--quick", action="store_true", help="sizes 0.1 and 1 GB")
     p.add_argument("--streams", type=int, default=4)
+    p.add_argument("--donors", type=int, default=2, help="donors of the striped_N reference")
+    p.add_argument("--no-heal", dest="heal", action="store_false", help="the references only")
     p.add_argument("--out")
     a = p.parse_args(argv)
     sizes = [0.1, 1.0] if a.quick else [float(x) for x in a.sizes.split(",")]
@@ -122,8 +237,16 @@ def main(argv: list[str] | None = None) -> int:
         records.append(record(f"loopback_{a.streams}", gb, loopback(size, a.streams)))
         records.append(record("torchft_http", gb, torchft_http(size, 0)))
         records.append(record(f"torchft_http_chunks_{a.streams}", gb, torchft_http(size, a.streams)))
+        records.append(record("striped_1", gb, striped(size, 1)))
+        records.append(record(f"striped_{a.donors}", gb, striped(size, a.donors)))
+        if a.heal:
+            records.append(heal("heal", gb, 2, "striped"))
+            records.append(heal("heal_striped", gb, 3, "striped"))
+            records.append(heal("heal_torchft", gb, 2, "http"))
     if a.out:
-        Path(a.out).write_text(json.dumps({"records": records, "args": vars(a)}, indent=1))
+        out = Path(a.out)
+        out.write_text(json.dumps({"records": records, "args": vars(a), "argv": list(argv or sys.argv[1:])}, indent=1))
+        plot(records, out.with_suffix(".png"))
     return 0
 
 

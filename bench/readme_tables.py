@@ -10,6 +10,8 @@ writes what goes between them. Blocks:
   soak_kernel     a 30-minute soak through a real kernel, from bench/results/soak_kernel.json
                   (bench/soak.py --minutes 30 --kernel ...) and bench/results/monarch_leaks.json
                   (bench/monarch_leaks.py)
+  heal            heal bandwidth per path and state size, from bench/results/heal.json
+                  (bench/bench_heal.py --quick)
 
 Usage: python bench/readme_tables.py            print the blocks
        python bench/readme_tables.py --check    exit 1, with a diff, if README.md differs
@@ -190,6 +192,43 @@ def soak_kernel_block(soak: dict[str, Any], churn: dict[str, Any] | None) -> str
     return _wrap(text)
 
 
+def heal_block(result: dict[str, Any]) -> str:
+    """GB/s per path (rows) and state size (columns); the heal's targets below."""
+    recs = result["records"]
+    sizes = sorted({r["size_gb"] for r in recs if not r["path"].startswith("heal")})
+    paths = list(dict.fromkeys(r["path"] for r in recs))
+    rows = ["| path | " + " | ".join(f"{gb:g} GB" for gb in sizes) + " |", "|---|" + "---|" * len(sizes)]
+    for path in paths:
+        cells = []
+        for i, gb in enumerate(sizes):
+            # a heal's state is its model's (nearest the size asked for): it sits in that column
+            mine = [r for r in recs if r["path"] == path and (r.get("size_asked_gb", r["size_gb"]) == gb)]
+            cells.append(" / ".join(f"{r['gbps']:.2f}" + (f" ({r['size_gb']:.2f} GB, {r['model']})" if "model" in r else "")
+                                    for r in mine) or "-")
+        rows.append(f"| {path} | " + " | ".join(cells) + " |")
+    argv = [x for i, x in enumerate(result.get("argv", [])) if x != "--out" and (i == 0 or result["argv"][i - 1] != "--out")]
+    lines = [f"`bench/bench_heal.py {' '.join(argv)}` (GB/s, one run, side by side):", "",
+             *rows, ""]
+    by = {(r["path"], r.get("size_asked_gb", r["size_gb"])): r for r in recs}
+    big = [gb for gb in sizes if gb >= 1 and ("heal", gb) in by and ("loopback_1", gb) in by]
+    for gb in big:
+        heal, one = by[("heal", gb)], by[("loopback_1", gb)]
+        ok = heal["gbps"] >= 0.5 * one["gbps"]
+        lines.append(f"- single-donor heal of {heal['size_gb']:.2f} GB: {heal['gbps']:.2f} GB/s = "
+                     f"{heal['gbps'] / one['gbps']:.0%} of one loopback stream (target >= 50%: "
+                     f"{'met' if ok else 'not met'})")
+    extra = [(r["path"], r["donor_extra_rss_gb"] / r["size_gb"]) for r in recs
+             if r["path"].startswith("heal") and r.get("donor_extra_rss_gb") is not None]
+    if extra:
+        worst = max(extra, key=lambda x: x[1])
+        lines.append(f"- donor's extra RSS during a heal: at most {worst[1]:.1%} of the state ({worst[0]}; "
+                     f"target <= 10%: {'met' if worst[1] <= 0.10 else 'not met'})")
+    corrupt = sum(int(r.get("corrupt") or 0) for r in recs)
+    lines.append(f"- pieces that failed their digest check in these heals: {corrupt} (a failed piece is "
+                 "refetched from another donor, never accepted)")
+    return "\n".join(lines)
+
+
 def blocks() -> dict[str, str]:
     seed = json.loads((REPO / "bench/results/seed_clusters.json").read_text())
     out = {"seed_clusters": seed_block(seed)}
@@ -201,6 +240,9 @@ def blocks() -> dict[str, str]:
         churn = REPO / "bench/results/monarch_leaks.json"
         out["soak_kernel"] = soak_kernel_block(json.loads(soak.read_text()),
                                                json.loads(churn.read_text()) if churn.exists() else None)
+    heal = REPO / "bench/results/heal.json"
+    if heal.exists():
+        out["heal"] = heal_block(json.loads(heal.read_text()))
     return out
 
 

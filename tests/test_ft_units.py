@@ -361,7 +361,8 @@ def _write_synthetic_run(path):
     for s in range(11, 16):
         store.append(Step(t=t + s + 0.5, replica=0, step=s, loss=2.0, tokens_per_s=100.0, committed=True))
     store.append(Respawned(t=t + 14.0, replica=1, attempt=1, seconds=3.0))
-    store.append(Healed(t=t + 15.6, replica=1, step=15, bytes=1234, seconds=0.1, source_replica=0))
+    store.append(Healed(t=t + 15.6, replica=1, step=15, bytes=1234, seconds=0.1, source_replica=0, donors=[0, 2],
+                        gbps=1.5, corrupt=1))
     store.append(Step(t=t + 16.5, replica=1, step=16, loss=1.9, tokens_per_s=100.0, committed=True))
     store.append(Rejoined(t=t + 16.5, replica=1, step=16, seconds_since_failure=6.0))
     store.append(ReplicasIdentical(t=t + 18.0, step=18, identical=True, hashes={"a": "x", "b": "x"}))
@@ -375,6 +376,8 @@ def test_open_run_rebuilds_recoveries_from_the_file_alone(tmp_path):
     assert rec.fault == "kill" and rec.replica == 1
     assert rec.detection_s == 0.5 and rec.respawn_s == 3.0
     assert (rec.heal_bytes, rec.heal_source, rec.rejoined_step) == (1234, 0, 16)
+    assert (rec.heal_donors, rec.heal_gbps, rec.heal_corrupt) == ([0, 2], 1.5, 1)  # a striped heal, read back
+    assert "from replicas 0, 2 at 1.50 GB/s, 1 corrupt piece(s) refetched" in str(rec)
     assert rec.survivor_commits_while_down == 5 and rec.identical is True
     assert rec.survivor_stall_steps == pytest.approx(1.5)
     assert history.summary()["loss_end"] < history.summary()["loss_start"]

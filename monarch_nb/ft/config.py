@@ -28,6 +28,7 @@ from .restart import RestartPolicy
 MODELS = FLAVOR_NAMES
 JOBS = ("local", "process", "slurm", "kubernetes")
 MAX_GROUPS = 64  # replica groups + spares of one run; beyond it, a typo is likelier than a plan
+HEAL_TRANSPORTS = ("striped", "http", "pg")
 
 
 def _loopback(host: str) -> bool:
@@ -111,9 +112,12 @@ class RunConfig:
         quorum_timeout_s: how long a group waits for a quorum (default 10). Then it asks again
             with a fresh torchft Manager that keeps its step: how groups get through a lost
             and restarted Lighthouse without restarting.
-        heal_transport: how a recovering group receives a live peer's state: "http"
-            (default: each rank serves its state over HTTP) or "pg" (over the cross-replica
-            process group).
+        heal_transport: how a recovering group receives a live peer's state: "striped"
+            (default: raw tensor bytes from every up-to-date peer at once, each piece checked
+            against the donor's xxh3 digest and refetched from another peer if it differs;
+            ft/heal_transport.py), "http" (torchft's HTTPTransport: one peer, pickled, unchecked)
+            or "pg" (torchft's PGTransport, over the cross-replica process group).
+        heal_streams: parallel connections per donor in a "striped" heal (default 2).
         advertise_host: the address each worker's torchft servers advertise to peers. None
             (default) picks by placement: 127.0.0.1 on this machine, the node's own address
             on a cluster; "auto" resolves the worker's hostname. A local run refuses a
@@ -185,7 +189,8 @@ class RunConfig:
     quorum_tick_ms: int = 20  # how often the Lighthouse re-evaluates the quorum
     pg_timeout_s: float = 10.0  # cross-replica collectives give up after this
     quorum_timeout_s: float = 10.0  # a group waits this long for a quorum, then asks again
-    heal_transport: str = "http"  # how a recovering group gets a peer's state: "http" or "pg" (see README)
+    heal_transport: str = "striped"  # how a recovering group gets peers' state: "striped", "http" or "pg"
+    heal_streams: int = 2  # connections per donor in a striped heal
     # Address each worker's torchft servers advertise to its peers: None picks by placement
     # (127.0.0.1 on this machine; the node's own address, from its hostname, on a cluster).
     advertise_host: str | None = None
@@ -244,8 +249,10 @@ class RunConfig:
         need_pos("lr")
         if self.platform not in PLATFORMS:
             raise ValueError(f"platform: unknown value {self.platform!r}; allowed values: {', '.join(PLATFORMS)}")
-        if self.heal_transport not in ("http", "pg"):
-            raise ValueError(f"heal_transport: unknown value {self.heal_transport!r}; allowed values: http, pg")
+        if self.heal_transport not in HEAL_TRANSPORTS:
+            raise ValueError(f"heal_transport: unknown value {self.heal_transport!r}; "
+                             f"allowed values: {', '.join(HEAL_TRANSPORTS)}")
+        need_int("heal_streams", 1)
         if self.backend not in (None, "gloo", "nccl"):
             raise ValueError(f"backend: unknown value {self.backend!r}; allowed values: gloo, nccl (or None: auto)")
         need_int("min_replicas", 1)

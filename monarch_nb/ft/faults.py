@@ -13,6 +13,10 @@ Kinds and how each is survived:
   exception  raised inside the train step   -> the trainer reports it through ``status``
   comms      abort the cross-replica PG     -> the trainer reports broken comms
   hang       hold the GIL for N seconds     -> calls to the actor time out (hang deadline)
+  corrupt    flip one byte of the next heal -> the healing peer's digest check catches it
+             this process serves (in transit;  (``heal_corrupt``) and refetches that piece from
+             its own state stays intact)        another peer; nothing fails (heal_transport
+                                                "striped" only)
 
 Cluster kinds, done by the controller through the scheduler (runs with ``job="slurm"``):
   preempt    ``scancel`` of the group's allocation          -> the session's job watcher
@@ -39,6 +43,7 @@ class FaultKind(str, enum.Enum):
     EXCEPTION = "exception"
     COMMS = "comms"
     HANG = "hang"
+    CORRUPT = "corrupt"
     PREEMPT = "preempt"
     NODE_DOWN = "node_down"
 
@@ -188,8 +193,8 @@ def hold_gil(seconds: float) -> None:
     libc.sleep(max(1, int(round(seconds))))
 
 
-def fire(kind: FaultKind, *, abort_comms: Any = None, hang_s: float = 30.0) -> None:
-    """Make ``kind`` happen in this process, now. Only returns for ``comms`` and ``hang``."""
+def fire(kind: FaultKind, *, abort_comms: Any = None, hang_s: float = 30.0, corrupt_heal: Any = None) -> None:
+    """Make ``kind`` happen in this process, now. Only returns for ``comms``, ``hang`` and ``corrupt``."""
     if kind is FaultKind.KILL:
         os.kill(os.getpid(), signal.SIGKILL)
     elif kind is FaultKind.SEGFAULT:
@@ -206,5 +211,9 @@ def fire(kind: FaultKind, *, abort_comms: Any = None, hang_s: float = 30.0) -> N
         abort_comms()
     elif kind is FaultKind.HANG:
         hold_gil(hang_s)
+    elif kind is FaultKind.CORRUPT:
+        if corrupt_heal is None:
+            raise RuntimeError("corrupt fault needs heal_transport='striped'")
+        corrupt_heal()
     else:  # the cluster kinds never reach a worker
         raise ValueError(f"kind: {kind.value!r} is done by the controller through the scheduler, not in a worker")

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Iterable
 
-from ..telemetry.events import (CheckpointAbandoned, CheckpointFailed, CheckpointSaved, CommsRetry, Event, Healed,
+from ..telemetry.events import (CheckpointAbandoned, CheckpointFailed, CheckpointSaved, CommsRetry, Event, HealCorrupt, Healed,
                                 Quorum, QuorumTimedOut, Rejoined, Step)
 
 
@@ -110,12 +110,19 @@ class EventIngest:
                 else:
                     cause = (f"left out of the quorum with no fault: steps {from_step + 1}-{step} committed without "
                              f"it, {unheard:.1f} s after its last commit")
+                nbytes = sum(int(p["bytes"]) for p in parts.values())
+                transfer = max(float(p.get("transfer_s") or 0.0) for p in parts.values())
+                donors = sorted({d for p in parts.values() for d in (p.get("donors") or [])}, key=str)
                 yield Healed(t=max(float(p["t"]) for p in parts.values()), replica=replica, step=step,
-                             bytes=sum(int(p["bytes"]) for p in parts.values()),
-                             seconds=max(float(p["seconds"]) for p in parts.values()),
+                             bytes=nbytes, seconds=max(float(p["seconds"]) for p in parts.values()),
+                             donors=donors or None, gbps=round(nbytes / transfer / 1e9, 3) if transfer > 0 else None,
+                             corrupt=sum(int(p.get("corrupt") or 0) for p in parts.values()),
                              source_replica=first.get("source_replica"), cause=cause,
                              from_step=None if from_step is None else int(from_step),
                              unheard_s=None if unheard is None else round(float(unheard), 3))
+        elif kind == "heal_corrupt":
+            yield HealCorrupt(t=t, replica=replica, rank=rank, step=int(ev["step"]), tensor=str(ev["tensor"]),
+                              offset=int(ev["offset"]), donor=ev.get("donor"), refetched_from=ev.get("refetched_from"))
         elif kind == "checkpoint_saved" and rank == 0:
             yield CheckpointSaved(t=t, replica=replica, step=int(ev["step"]), bytes=int(ev["bytes"]),
                                   seconds=float(ev["seconds"]), stall=float(ev["stall"]), path=str(ev["path"]))

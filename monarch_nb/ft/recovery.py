@@ -86,6 +86,9 @@ class Recovery:
     heal_bytes: int | None = None
     heal_step: int | None = None
     heal_source: int | None = None
+    heal_donors: list[int | None] | None = None  # a striped heal: every group that served a part
+    heal_gbps: float | None = None  # the state's bytes over the transfer's wall time
+    heal_corrupt: int = 0  # pieces that arrived corrupt and were refetched from another donor
     rejoined_t: float | None = None
     rejoined_step: int | None = None
     gave_up: bool = False
@@ -155,18 +158,28 @@ class Recovery:
             f" (rank {self.rank})" if self.rank is not None else "")
         total = f"{self.total_s:.2f} s" if self.total_s is not None else "not yet"
         phases = " + ".join(f"{name} {'?' if d is None else f'{d:.2f}'}" for name, d in self.durations().items())
-        heal = (f"; heal transfer {self.heal_s:.2f} s, {self.heal_bytes / 1e6:.1f} MB from replica {self.heal_source}"
+        heal = (f"; heal transfer {self.heal_s:.2f} s, {self.heal_bytes / 1e6:.1f} MB from {self.heal_from}"
+                + (f" at {self.heal_gbps:.2f} GB/s" if self.heal_gbps else "")
+                + (f", {self.heal_corrupt} corrupt piece(s) refetched" if self.heal_corrupt else "")
                 if self.heal_s is not None and self.heal_bytes else "")
         how = f", acquired by {self.acquired_how}" if self.acquired_how else ""
         return (f"{what}: {self.status}, total {total} = {phases}{heal}{how}; "
                 f"detected by {self.detected_by or '?'}: {self.reason}")
+
+    @property
+    def heal_from(self) -> str:
+        """Where the heal's state came from: "replica 2", or "replicas 0, 2" for a striped heal."""
+        donors = self.heal_donors or ([self.heal_source] if self.heal_source is not None else [])
+        return (f"replica{'s' if len(donors) > 1 else ''} {', '.join(str(d) for d in donors)}"
+                if donors else "a peer")
 
     def row(self) -> dict[str, Any]:
         """One flat row for a table (notebooks, benchmarks): the phases as ``<phase>_s`` columns."""
         return {"replica": self.replica, "fault": self.fault or "unplanned", "status": self.status,
                 **{f"{name}_s": seconds for name, seconds in self.durations().items()}, "total_s": self.total_s,
                 "acquired_how": self.acquired_how, "heal_MB": self.heal_bytes / 1e6 if self.heal_bytes else None,
-                "heal_source": self.heal_source, "rejoined_step": self.rejoined_step,
+                "heal_source": self.heal_source, "heal_donors": self.heal_donors, "heal_GBps": self.heal_gbps,
+                "rejoined_step": self.rejoined_step,
                 "survivor_commits": self.survivor_commits_while_down, "stall_s": self.survivor_stall_s,
                 "stall_steps": self.survivor_stall_steps, "identical": self.identical, "reason": self.reason}
 
@@ -271,6 +284,7 @@ class RecoveryTracker:
         elif isinstance(e, Healed):
             rec.healed_t, rec.heal_s, rec.heal_bytes = e.t, e.seconds, e.bytes
             rec.heal_step, rec.heal_source = e.step, e.source_replica
+            rec.heal_donors, rec.heal_gbps, rec.heal_corrupt = e.donors, e.gbps, e.corrupt
         elif isinstance(e, Rejoined):
             earlier = self._superseded.pop(replica, None)
             if earlier is not None and e.step < earlier[1]:

@@ -47,10 +47,26 @@ def _is_loopback(host: str) -> bool:
         return host == "localhost"
 
 
+def _striped_info(transport: Any) -> dict[str, Any]:
+    """What a striped heal adds to the ``healed`` event: its donors and where its time went."""
+    rec = getattr(transport, "last", None)
+    if rec is None:
+        return {}
+    return {"donors": rec.donors, "bytes_per_donor": rec.bytes_per_donor, "streams": rec.streams,
+            "transfer_s": rec.seconds, "manifest_s": rec.manifest_s, "fetch_s": rec.fetch_s,
+            "gbps": rec.gbps, "corrupt": len(rec.corrupt)}
+
+
 def _local(t: Any) -> Any:
     """The local shard of a DTensor (FSDP), or the tensor itself."""
     to_local = getattr(t, "to_local", None)
     return to_local() if to_local is not None else t
+
+
+def _copy_in(dst: Any, src: Any) -> None:
+    """Load ``src`` into ``dst``; nothing to do when a striped heal already wrote it there."""
+    if not (src.device == dst.device and src.data_ptr() == dst.data_ptr() and src.shape == dst.shape):
+        dst.copy_(src)
 
 
 def _hash_tensor(h: Any, t: Any) -> None:
@@ -306,14 +322,20 @@ class ReplicaTrainer:
             pg = torchft.ProcessGroupGloo(timeout=timeout)
         configure = pg.configure
 
-        def configure_in_phase(*args: Any, **kwargs: Any) -> Any:  # the quorum's process group is built
+        def configure_in_phase(store_addr: str, replica_id: str, rank: int, world_size: int,
+                               *args: Any, **kwargs: Any) -> Any:  # the quorum's process group is built
             self._phase("pg_setup")
-            return configure(*args, **kwargs)
+            out = configure(store_addr, replica_id, rank, world_size, *args, **kwargs)
+            self._heal_peers.join(store_addr, rank, world_size)
+            return out
 
         pg.configure = configure_in_phase
         self.ft_pg = pg
         self._recv_info: dict[str, Any] | None = None
-        self.transport = self._heal_transport(str(self.cfg.get("heal_transport") or "http"), host, pg, timeout)
+        from .heal_transport import QuorumPeers
+
+        self._heal_peers = QuorumPeers(timeout)
+        self.transport = self._heal_transport(str(self.cfg.get("heal_transport") or "striped"), host, pg, timeout)
         return torchft.Manager(
             pg=pg,
             load_state_dict=self._load_state_dict,
@@ -345,9 +367,12 @@ class ReplicaTrainer:
             def recv_checkpoint(src_rank: int, metadata: str, step: int, timeout: timedelta) -> Any:
                 trainer._phase("heal_recv")
                 t = time.time()
-                state = recv(src_rank, metadata, step, timeout)
+                try:
+                    state = recv(src_rank, metadata, step, timeout)
+                finally:
+                    trainer._report_corrupt(getattr(transport, "last", None), step)
                 trainer._recv_info = {"seconds": time.time() - t, "bytes": _tensor_bytes(state),
-                                      "src_rank": src_rank, "step": step}
+                                      "src_rank": src_rank, "step": step, "striped": _striped_info(transport)}
                 return state
 
             return recv_checkpoint
@@ -356,6 +381,13 @@ class ReplicaTrainer:
             from torchft.checkpointing.pg_transport import PGTransport
 
             transport = PGTransport(pg, timeout=timeout, device=self.device)
+        elif kind == "striped":
+            from .heal_transport import StripedTransport
+
+            transport = StripedTransport(host, timeout, target=lambda: self.manager._manager_state_dict(),
+                                         peers=self._heal_peers.addresses, replica=self.replica,
+                                         streams_per_donor=int(self.cfg.get("heal_streams") or 2))
+            self._heal_peers.mine = transport.metadata()
         else:
             from torchft.checkpointing.http_transport import HTTPTransport
 
@@ -375,6 +407,14 @@ class ReplicaTrainer:
 
         transport.send_checkpoint = send_checkpoint
         return transport
+
+    def _report_corrupt(self, record: Any, step: int) -> None:
+        """One ``heal_corrupt`` event per piece of a heal that arrived different from its donor's
+        digest (it was refetched from another donor, or the heal failed)."""
+        for bad in getattr(record, "corrupt", None) or []:
+            self.emit({"kind": "heal_corrupt", "replica": self.replica, "rank": self.rank, "step": step,
+                       "tensor": bad["tensor"], "offset": bad["offset"], "donor": bad["donor"],
+                       "refetched_from": bad["refetched_from"], "t": time.time()})
 
     def _phase(self, name: str) -> None:
         hook = self.phase_hook
@@ -466,12 +506,12 @@ class ReplicaTrainer:
         t = time.time()
         with torch.no_grad():
             for n, p in self.model.named_parameters():
-                _local(p).copy_(state["model"][n])
+                _copy_in(_local(p), state["model"][n])
             for key, p, opt in self._optim_items():
                 mine = opt.state.setdefault(p, {})
                 for k, v in state["optim"][key].items():
                     if k in mine and isinstance(mine[k], torch.Tensor):
-                        _local(mine[k]).copy_(v)
+                        _copy_in(_local(mine[k]), v)
                     else:
                         mine[k] = v.clone() if isinstance(v, torch.Tensor) else v
             for opt, groups in zip(self.optimizers.optimizers, state["param_groups"]):
@@ -538,6 +578,11 @@ class ReplicaTrainer:
             return self._comms_retry(self._pg_error() or "the cross-replica process group could not be built",
                                      rebuild=same)
         self._comms_retries, self._retry_quorum_id = 0, None
+        offer = getattr(self.transport, "offer", None)
+        if offer is not None and self.manager.errored() is None:
+            # Any member of the quorum may serve a peer that heals at this step (a striped heal
+            # fetches from all of them); torchft itself offers only on the donor it picked.
+            offer(self.manager.current_step(), self.manager._manager_state_dict)  # read only if asked
         q = self.quorum_recorder.last
         participants = self.manager.num_participants()
         if q is not None and q.quorum_id != self._last_quorum_id:
@@ -565,7 +610,7 @@ class ReplicaTrainer:
             self.emit({"kind": "healed", "replica": self.replica, "rank": self.rank,
                        "step": self.manager.current_step(), "bytes": info["bytes"],
                        "seconds": recv.get("seconds", 0.0) + info["apply_seconds"],
-                       "source_replica": src, "from_step": last_step,
+                       "source_replica": src, "from_step": last_step, **recv.get("striped", {}),
                        "unheard_s": None if last_t is None else time.time() - last_t, "t": time.time()})
         if self.manager.current_step() < self.min_step:
             # The run had reached min_step, and this replica is behind it with nobody to heal

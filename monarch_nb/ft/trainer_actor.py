@@ -93,7 +93,8 @@ class TrainerActor(Actor):
                                            "during": f.get("during")})
             self._emit({"kind": "fault_fired", "fault": kind.value, "replica": self.replica, "rank": self.rank,
                         "step": step, "during": f.get("during"), "t": time.time()})
-            fire(kind, abort_comms=self.trainer.abort_comms, hang_s=f.get("hang_s", 30.0))
+            fire(kind, abort_comms=self.trainer.abort_comms, hang_s=f.get("hang_s", 30.0),
+                 corrupt_heal=getattr(getattr(self.trainer, "transport", None), "corrupt_next_send", None))
 
     def _fail(self, reason: str) -> None:
         with self._lock:
@@ -232,7 +233,9 @@ class TrainerActor(Actor):
     def inject(self, kind: str, at_step: int | None = None, hang_s: float = 30.0, during: str | None = None) -> int:
         """Arm a fault; it fires inside the first step >= ``at_step`` (next step if None), or
         when the trainer next enters phase ``during``. Returns the step it is armed for."""
-        FaultKind.parse(kind)
+        if FaultKind.parse(kind) is FaultKind.CORRUPT and not hasattr(getattr(self.trainer, "transport", None), "corrupt_next_send"):
+            raise ValueError("kind: a corrupt fault flips a byte of a striped heal; this run heals over "
+                             f"{self.trainer.cfg.get('heal_transport')!r} (use RunConfig(heal_transport='striped'))")
         step = at_step if at_step is not None else self.trainer.current_step() + 1
         with self._lock:
             self._armed.append({"kind": kind, "at_step": at_step, "hang_s": hang_s, "during": during})

@@ -388,11 +388,31 @@ class Healed(Event):
     cause: str = ""
     from_step: int | None = None
     unheard_s: float | None = None
+    # a striped heal (heal_transport "striped"): the groups that served it, the state's bytes
+    # over the transfer's wall time, and pieces that arrived corrupt and were refetched
+    donors: list[int | None] | None = None
+    gbps: float | None = None
+    corrupt: int = 0
 
     @property
     def needless(self) -> bool:
         """Healed with no fault: it was left out of quorums while it was alive."""
         return self.cause.startswith("left out")
+
+
+@dataclass(frozen=True, kw_only=True)
+class HealCorrupt(Event):
+    """A piece of a heal arrived different from its donor's digest of it: it was refetched from
+    ``refetched_from`` (None: no other donor had it, and that heal failed)."""
+
+    kind: ClassVar[str] = "heal_corrupt"
+    replica: int
+    rank: int
+    step: int
+    tensor: str
+    offset: int
+    donor: int | None
+    refetched_from: int | None
 
 
 @dataclass(frozen=True, kw_only=True)
