@@ -178,6 +178,7 @@ def heal(path: str, size_asked: float, replicas: int, transport: str) -> dict:
 
         sampler = threading.Thread(target=sample, daemon=True)
         sampler.start()
+        time.sleep(1.0)  # the donors' RSS before the heal: a baseline of samples, not a synchronisation
         t = time.time()
         run.inject("kill", replica=victim)
         healed = run.wait_for(lambda e: isinstance(e, Healed) and e.replica == victim and e.cause == "recovery",
@@ -192,7 +193,8 @@ def heal(path: str, size_asked: float, replicas: int, transport: str) -> dict:
     gb = healed.bytes / 1e9
     out = record(path, gb, healed.seconds)
     out.update(donors=len(healed.donors) if healed.donors else 1, donor_extra_rss_gb=extra, model=model,
-               transfer_gbps=healed.gbps, corrupt=healed.corrupt, size_asked_gb=size_asked)
+               transfer_gbps=healed.gbps, corrupt=healed.corrupt, size_asked_gb=size_asked,
+               breakdown=healed.breakdown, passed_over=healed.passed_over)
     return out
 
 

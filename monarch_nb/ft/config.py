@@ -117,7 +117,8 @@ class RunConfig:
             against the donor's xxh3 digest and refetched from another peer if it differs;
             ft/heal_transport.py), "http" (torchft's HTTPTransport: one peer, pickled, unchecked)
             or "pg" (torchft's PGTransport, over the cross-replica process group).
-        heal_streams: parallel connections per donor in a "striped" heal (default 2).
+        heal_streams: parallel connections per donor in a "striped" heal (default 4: one
+            stream is bound by one core on each side).
         advertise_host: the address each worker's torchft servers advertise to peers. None
             (default) picks by placement: 127.0.0.1 on this machine, the node's own address
             on a cluster; "auto" resolves the worker's hostname. A local run refuses a
@@ -190,7 +191,7 @@ class RunConfig:
     pg_timeout_s: float = 10.0  # cross-replica collectives give up after this
     quorum_timeout_s: float = 10.0  # a group waits this long for a quorum, then asks again
     heal_transport: str = "striped"  # how a recovering group gets peers' state: "striped", "http" or "pg"
-    heal_streams: int = 2  # connections per donor in a striped heal
+    heal_streams: int = 4  # connections per donor in a striped heal
     # Address each worker's torchft servers advertise to its peers: None picks by placement
     # (127.0.0.1 on this machine; the node's own address, from its hostname, on a cluster).
     advertise_host: str | None = None

@@ -8,10 +8,11 @@ state, one connection, no check of what arrived). Here:
   * a donor serves raw tensor bytes straight from its live tensors (no copy on CPU; a piece at a
     time through a small staging buffer from an accelerator);
   * the receiver writes them straight into its own tensors, the state it is about to replace;
-  * the state is cut into pieces (at most ``PIECE_BYTES`` of one tensor); the donor's manifest
-    gives each piece's xxh3-128 digest, computed from the donor's memory; the receiver checks
-    every piece, refetches a bad one from another donor (``corrupt`` in the heal's record) and
-    never returns a state with a mismatch;
+  * the state is cut into pieces (at most ``PIECE_BYTES`` of one tensor); the donor sends each
+    piece followed by its xxh3-128 digest, computed from the donor's memory as it sends it (no
+    pass over the whole state before the first byte moves); the receiver checks every piece,
+    refetches a bad one from another donor (``corrupt`` in the heal's record) and never
+    returns a state with a mismatch;
   * every member of the quorum at the heal's step serves it, and the receiver fetches disjoint
     parts from all of them in parallel (``peers``: their addresses, exchanged through the
     quorum's store). A donor that fails mid-heal only loses its share: the others refetch it.
@@ -20,8 +21,9 @@ Why the donors' state cannot move while they serve: a donor offers its state rig
 quorum, and ``should_commit`` (before the optimizer steps) takes the write lock, which waits
 for reads in flight and refuses later ones. And it cannot get there earlier: the step's
 gradient allreduce includes the healing group, which joins it only once its heal is done.
-Only donors whose manifest matches torchft's chosen source piece for piece are used, so a
-stripe never mixes two different states.
+Donors are the quorum's members at the heal's step, which torchft keeps identical (and the
+controller's identity checks prove it); only those whose manifest (the state's structure, its
+tensors' shapes and dtypes, its pieces) matches torchft's chosen source's are used.
 
 xxh3-128 (python-xxhash, maintained, ~14 GB/s on this box's cores): the check is against
 corruption in transit or in a donor's buffers, not an adversary, so a non-cryptographic hash
@@ -47,6 +49,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten, treespec_dumps
 from torchft.checkpointing.transport import CheckpointTransport
 
 PIECE_BYTES = 16 << 20  # the unit of checking, striping and retry
+DIGEST_BYTES = 16  # xxh3-128, after each piece on the wire
 IO_BLOCK = 4 << 20  # bytes per socket read/write
 # How long the receiver waits for a peer other than torchft's chosen source to serve the heal's
 # step: peers offer it right after their quorum, so a peer that does not within this is not
@@ -70,7 +73,7 @@ class Piece:
 @dataclass
 class Manifest:
     """What a donor serves at one step: the state's structure, its non-tensor values, and the
-    pieces of its tensors with their digests."""
+    pieces of its tensors (each sent with its digest)."""
 
     step: int
     replica: int | None
@@ -78,7 +81,9 @@ class Manifest:
     values: list[Any]  # non-tensor leaves; None where a tensor is
     tensors: dict[int, tuple[str, tuple[int, ...]]]  # leaf -> (dtype, shape)
     pieces: list[Piece]
-    digests: list[str]
+
+    def same_layout(self, other: "Manifest") -> bool:
+        return (self.spec, self.tensors, self.pieces) == (other.spec, other.tensors, other.pieces)
 
 
 @dataclass
@@ -227,33 +232,35 @@ class StripedTransport(CheckpointTransport[Any]):
         return _Reading(self, step, wait_s)
 
     def manifest_bytes(self, serving: tuple[int, Any]) -> bytes:
-        """The pickled manifest of the state being read (digests computed once per step)."""
+        """The pickled manifest of the state being read (once per step)."""
         with self._cond:
             if self._manifest is not None and self._serving is serving:
                 return self._manifest
         step = serving[0]
         leaves, spec, pieces = self._laid_out(serving)
-        digests = [xxhash.xxh3_128_hexdigest(_host_view(_read(leaves[p.leaf], p))) for p in pieces]
         tensors = {i: (str(v.dtype), tuple(v.shape)) for i, v in enumerate(leaves) if isinstance(v, torch.Tensor)}
         values = [None if isinstance(v, torch.Tensor) else v for v in leaves]
-        body = pickle.dumps(Manifest(step, self.replica, treespec_dumps(spec), values, tensors, pieces, digests))
+        body = pickle.dumps(Manifest(step, self.replica, treespec_dumps(spec), values, tensors, pieces))
         with self._cond:
             if self._serving is serving:
                 self._manifest = body
         return body
 
     def write_pieces(self, serving: tuple[int, Any], first: int, stop: int, out: Any) -> None:
-        """Write pieces ``first..stop-1`` of the state being read to ``out``."""
+        """Write pieces ``first..stop-1`` of the state being read to ``out``, each followed by
+        its digest."""
         leaves, _, pieces = self._laid_out(serving)
         for p in pieces[first:stop]:
             data = _read(leaves[p.leaf], p)
-            if self._corrupt_next:
+            digest = xxhash.xxh3_128_digest(_host_view(data))
+            if self._corrupt_next:  # the fault: after the digest, as a bad link or NIC would
                 self._corrupt_next = False
                 data = data.clone()
                 data[0] ^= 0xFF
             view = _host_view(data)
             for off in range(0, len(view), IO_BLOCK):
                 out.write(view[off:off + IO_BLOCK])
+            out.write(digest)
 
     # ---- the receiving side --------------------------------------------------------------
 
@@ -269,11 +276,11 @@ class StripedTransport(CheckpointTransport[Any]):
             raise RuntimeError(f"heal: the source {metadata} does not serve step {step}: {source}")
         donors: list[tuple[str, Manifest]] = [(metadata, source)]
         for addr, m in zip(addresses[1:], fetched[1:]):
-            if isinstance(m, Manifest) and m.digests == source.digests and m.spec == source.spec:
+            if isinstance(m, Manifest) and m.same_layout(source):
                 donors.append((addr, m))
             else:
                 why = "not at this step" if m is None else ("unreachable" if isinstance(m, Exception)
-                                                            else "its state differs from the source's")
+                                                            else "its state is laid out differently")
                 record.dropped.append({"donor": getattr(m, "replica", None), "address": addr, "why": why})
         record.manifest_s = time.perf_counter() - t0
 
@@ -452,9 +459,12 @@ def _fetch(address: str, step: int, pieces: list[int], source: Manifest, sink: _
                     if not n:
                         raise ConnectionError(f"{address} closed the stream")
                     got += n
+                digest = resp.read(DIGEST_BYTES)
+                if len(digest) != DIGEST_BYTES:
+                    raise ConnectionError(f"{address} closed the stream")
                 land()
                 done += 1
-                yield i, xxhash.xxh3_128_hexdigest(view) == source.digests[i]
+                yield i, xxhash.xxh3_128_digest(view) == digest
             conn.close()
         except Exception:
             for i in run[done:]:

@@ -50,6 +50,14 @@ def unseen(value: dict[str, Any], seen: int) -> tuple[list[dict[str, Any]], int]
     return events[max(0, seen + 1 - int(first)):], max(seen, int(first) + len(events) - 1)
 
 
+def _breakdown(parts: dict[int, dict[str, Any]]) -> dict[str, float] | None:
+    """The slowest rank's heal in phases (a striped heal reports them)."""
+    slowest = max(parts.values(), key=lambda p: float(p["seconds"]))
+    if slowest.get("fetch_s") is None:
+        return None
+    return {k: round(float(slowest.get(k) or 0.0), 4) for k in ("manifest_s", "fetch_s", "apply_s")}
+
+
 class EventIngest:
     def __init__(self, group_size: int) -> None:
         self.group_size = group_size
@@ -117,6 +125,8 @@ class EventIngest:
                              bytes=nbytes, seconds=max(float(p["seconds"]) for p in parts.values()),
                              donors=donors or None, gbps=round(nbytes / transfer / 1e9, 3) if transfer > 0 else None,
                              corrupt=sum(int(p.get("corrupt") or 0) for p in parts.values()),
+                             passed_over=[d for p in parts.values() for d in (p.get("passed_over") or [])] or None,
+                             breakdown=_breakdown(parts),
                              source_replica=first.get("source_replica"), cause=cause,
                              from_step=None if from_step is None else int(from_step),
                              unheard_s=None if unheard is None else round(float(unheard), 3))

@@ -54,7 +54,7 @@ def _striped_info(transport: Any) -> dict[str, Any]:
         return {}
     return {"donors": rec.donors, "bytes_per_donor": rec.bytes_per_donor, "streams": rec.streams,
             "transfer_s": rec.seconds, "manifest_s": rec.manifest_s, "fetch_s": rec.fetch_s,
-            "gbps": rec.gbps, "corrupt": len(rec.corrupt)}
+            "gbps": rec.gbps, "corrupt": len(rec.corrupt), "passed_over": rec.dropped}
 
 
 def _local(t: Any) -> Any:
@@ -386,7 +386,7 @@ class ReplicaTrainer:
 
             transport = StripedTransport(host, timeout, target=lambda: self.manager._manager_state_dict(),
                                          peers=self._heal_peers.addresses, replica=self.replica,
-                                         streams_per_donor=int(self.cfg.get("heal_streams") or 2))
+                                         streams_per_donor=int(self.cfg.get("heal_streams") or 4))
             self._heal_peers.mine = transport.metadata()
         else:
             from torchft.checkpointing.http_transport import HTTPTransport
@@ -609,7 +609,7 @@ class ReplicaTrainer:
             last_step, last_t = self._last_commit or (None, None)
             self.emit({"kind": "healed", "replica": self.replica, "rank": self.rank,
                        "step": self.manager.current_step(), "bytes": info["bytes"],
-                       "seconds": recv.get("seconds", 0.0) + info["apply_seconds"],
+                       "seconds": recv.get("seconds", 0.0) + info["apply_seconds"], "apply_s": info["apply_seconds"],
                        "source_replica": src, "from_step": last_step, **recv.get("striped", {}),
                        "unheard_s": None if last_t is None else time.time() - last_t, "t": time.time()})
         if self.manager.current_step() < self.min_step:

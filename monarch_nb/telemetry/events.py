@@ -393,6 +393,10 @@ class Healed(Event):
     donors: list[int | None] | None = None
     gbps: float | None = None
     corrupt: int = 0
+    passed_over: list[dict[str, Any]] | None = None  # quorum members not used as donors, and why
+    # where the slowest rank's heal time went: manifest_s (donors' digests, peers found), fetch_s
+    # (bytes moved and checked), apply_s (loaded into the model; ~0 when written in place)
+    breakdown: dict[str, float] | None = None
 
     @property
     def needless(self) -> bool:
