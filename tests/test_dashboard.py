@@ -147,6 +147,17 @@ def test_recovery_lists_each_phase_with_its_duration():
     assert "transfer 0.05 s" in html
 
 
+def test_a_striped_heal_shows_its_donors_bandwidth_and_refetched_pieces():
+    events = healthy_run() + kill_and_recover()
+    i = next(i for i, e in enumerate(events) if isinstance(e, Healed))
+    h = events[i]
+    events[i] = Healed(t=h.t, replica=h.replica, step=h.step, bytes=h.bytes, seconds=h.seconds, source_replica=0,
+                       donors=[0, 2], gbps=2.5, corrupt=1)
+    m = model_of(events)
+    html = recoveries_html(m.recoveries, m.started_t)
+    assert "1.9 MB from 0, 2 at 2.50 GB/s, 1 corrupt refetched" in html, html  # fmt_bytes: MiB
+
+
 def test_recovery_in_progress_reports_the_phase_it_waits_for():
     evs = healthy_run() + kill_and_recover()
     m = model_of(evs[:-5])  # up to Respawned

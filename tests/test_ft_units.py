@@ -356,6 +356,7 @@ def _write_synthetic_run(path):
     for s in range(1, 11):
         for r in (0, 1):
             store.append(Step(t=t + s, replica=r, step=s, loss=5.0 - 0.3 * s, tokens_per_s=100.0, committed=True))
+    store.append(FaultInjected(t=t + 5.0, fault="corrupt", replica=0, rank=0, step=6))  # fails nothing
     store.append(FaultInjected(t=t + 10.2, fault="kill", replica=1, rank=0, step=11))
     store.append(FailureDetected(t=t + 11.0, replica=1, rank=0, reason="Killed(sig=9)", detection_s=0.5))
     for s in range(11, 16):

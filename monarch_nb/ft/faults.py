@@ -64,6 +64,9 @@ class FaultKind(str, enum.Enum):
 # Faults the controller makes happen through the cluster's scheduler, not inside a worker.
 CLUSTER_KINDS = frozenset({FaultKind.PREEMPT, FaultKind.NODE_DOWN})
 
+# Faults after which nothing fails, so no recovery follows (the check they test records itself).
+FAILS_NOTHING = frozenset({FaultKind.CORRUPT.value})
+
 EXIT_CODE = 13  # what the ``exit`` fault exits with
 
 # How a process ends once it fired a fault of these kinds (by kind value), in the words of

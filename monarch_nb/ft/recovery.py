@@ -38,6 +38,7 @@ from ..telemetry.events import (
     WorkerExitReported,
     WorkerFailed,
 )
+from .faults import FAILS_NOTHING
 
 # The phases of a recovery in order; each ends with the event named in the docstring of Phase.
 PHASES = ("detect", "teardown", "acquire", "build", "heal", "rejoin")
@@ -248,6 +249,8 @@ class RecoveryTracker:
             return None
         rec = self._open.get(replica)
         if isinstance(e, FaultInjected):
+            if e.fault in FAILS_NOTHING:  # a corrupt heal is caught and refetched: nothing to recover
+                return rec
             if rec is not None and rec.detected_t is None:
                 rec.injections += 1  # not detected yet: the same failure, blamed on the first fault
                 return rec

@@ -412,8 +412,11 @@ class FTRun:
         seconds; ``during=PHASE`` fires when the process next enters that phase of a quorum
         or heal (``faults.PHASES``: quorum, pg_setup, heal_send, heal_recv); none: the next
         step. Validated before anything is sent; a target that is not training or healing is
-        refused, naming the groups that are.
+        refused, naming the groups that are. ``corrupt`` needs ``heal_transport="striped"``.
         """
+        if FaultKind.parse(kind) is FaultKind.CORRUPT and self.config.heal_transport != "striped":
+            raise ValueError(f"kind: a corrupt fault flips a byte of a striped heal; this run heals over "
+                             f"{self.config.heal_transport!r} (RunConfig(heal_transport='striped'), the default)")
         return self.faults.inject(kind, replica, rank, at_step=at_step, after_s=after_s, hang_s=hang_s,
                                   during=during)
 
