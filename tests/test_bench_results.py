@@ -55,3 +55,17 @@ def test_the_soak_fits_the_controllers_memory_slope_after_its_warm_up():
     assert abs(soak.slope_mb_per_hour(samples, 300) - 10) < 1e-6
     assert soak.slope_mb_per_hour(samples, 0) > 20  # the warm-up, if fitted, would dominate
     assert soak.slope_mb_per_hour(samples[:2], 0) is None
+
+
+def test_the_heal_json_has_every_path_at_every_size_with_fields_bench_heal_writes():
+    result = json.loads((REPO / "bench/results/heal.json").read_text())
+    written = set(re.findall(r'"(\w+)"', (REPO / "bench/bench_heal.py").read_text())) | set(
+        re.findall(r"(\w+)=", (REPO / "bench/bench_heal.py").read_text()))
+    paths: dict[float, set[str]] = {}
+    for r in result["records"]:
+        assert set(r) <= written, sorted(set(r) - written)
+        paths.setdefault(r.get("size_asked_gb", r["size_gb"]), set()).add(r["path"])
+        if r["path"] in ("heal", "heal_striped"):  # the striped transport says where its time went
+            assert set(r["breakdown"]) == {"manifest_s", "fetch_s", "apply_s"} and r["corrupt"] == 0
+    wanted = {"memcpy", "loopback_1", "torchft_http", "striped_1", "heal", "heal_striped", "heal_torchft", "torchft_pg"}
+    assert all(wanted <= got for got in paths.values()), paths
