@@ -53,8 +53,9 @@ DIGEST_BYTES = 16  # xxh3-128, after each piece on the wire
 IO_BLOCK = 4 << 20  # bytes per socket read/write
 # How long the receiver waits for a peer other than torchft's chosen source to serve the heal's
 # step: peers offer it right after their quorum, so a peer that does not within this is not
-# at that step (it is healing too, or gone).
-PEER_WAIT_S = 2.0
+# at that step (it is healing too, or gone). The heal waits this long for such a peer before it
+# starts, so it stays short: a slow peer only means one donor fewer.
+PEER_WAIT_S = 0.5
 
 
 class HealCorrupt(RuntimeError):
