@@ -161,14 +161,14 @@ def rss_gb(pid: int) -> float | None:
         return None
 
 
-def heal(path: str, size_asked: float, replicas: int, transport: str) -> dict:
+def heal(path: str, size_asked: float, replicas: int, transport: str, backend: str | None = None) -> dict:
     """A real run: kill the last group, wait for its heal; the heal's bandwidth and the donors'
     extra RSS while they served it."""
     from monarch_nb.ft import FTRun, RunConfig
     from monarch_nb.telemetry.events import Healed, Step
 
     model = flavour_for(size_asked)
-    cfg = RunConfig(replicas=replicas, model=model, heal_transport=transport, init_timeout_s=900,
+    cfg = RunConfig(replicas=replicas, model=model, heal_transport=transport, backend=backend, init_timeout_s=900,
                     hang_timeout_s=120, pg_timeout_s=120, join_timeout_ms=10000, run_name=f"bench-heal-{path}-{model}-{time.strftime('%H%M%S')}")
     run = FTRun(cfg)
     victim, donors = replicas - 1, list(range(replicas - 1))
@@ -248,6 +248,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--streams", type=int, default=4)
     p.add_argument("--donors", type=int, default=2, help="donors of the striped_N reference")
     p.add_argument("--no-heal", dest="heal", action="store_false", help="the references only")
+    p.add_argument("--backend", choices=("gloo", "nccl"), help="the runs' collectives (default: the platform's)")
     p.add_argument("--out")
     a = p.parse_args(argv)
     sizes = [0.1, 1.0] if a.quick else [float(x) for x in a.sizes.split(",")]
@@ -262,10 +263,10 @@ def main(argv: list[str] | None = None) -> int:
         records.append(record("striped_1", gb, striped(size, 1)))
         records.append(record(f"striped_{a.donors}", gb, striped(size, a.donors)))
         if a.heal:
-            records.append(heal("heal", gb, 2, "striped"))
-            records.append(heal("heal_striped", gb, 3, "striped"))
-            records.append(heal("heal_torchft", gb, 2, "http"))
-            records.append(heal("torchft_pg", gb, 2, "pg"))
+            records.append(heal("heal", gb, 2, "striped", a.backend))
+            records.append(heal("heal_striped", gb, 3, "striped", a.backend))
+            records.append(heal("heal_torchft", gb, 2, "http", a.backend))
+            records.append(heal("torchft_pg", gb, 2, "pg", a.backend))
     if a.out:
         out = Path(a.out)
         out.write_text(json.dumps({"records": records, "args": vars(a), "argv": list(argv or sys.argv[1:])}, indent=1))

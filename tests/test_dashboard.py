@@ -22,6 +22,7 @@ from monarch_nb.telemetry.events import (
     FailureDetected,
     FaultInjected,
     GaveUp,
+    HealCorrupt,
     Healed,
     Quorum,
     Rejoined,
@@ -153,9 +154,15 @@ def test_a_striped_heal_shows_its_donors_bandwidth_and_refetched_pieces():
     h = events[i]
     events[i] = Healed(t=h.t, replica=h.replica, step=h.step, bytes=h.bytes, seconds=h.seconds, source_replica=0,
                        donors=[0, 2], gbps=2.5, corrupt=1)
+    events.insert(i, HealCorrupt(t=h.t - 0.01, replica=h.replica, rank=0, step=h.step, tensor="user/default/model/w",
+                                 offset=0, donor=2, refetched_from=0))
     m = model_of(events)
     html = recoveries_html(m.recoveries, m.started_t)
     assert "1.9 MB from 0, 2 at 2.50 GB/s, 1 corrupt refetched" in html, html  # fmt_bytes: MiB
+    lines = [line.text for line in m.log]
+    assert "group 1 rank 0: a piece of user/default/model/w from group 2 failed its digest check; refetched from " \
+           "group 0" in lines
+    assert any(t.startswith("group 1 healed from groups 0, 2 at step 12") and "(2.50 GB/s)" in t for t in lines), lines
 
 
 def test_recovery_in_progress_reports_the_phase_it_waits_for():

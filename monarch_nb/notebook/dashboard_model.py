@@ -28,6 +28,7 @@ from ..telemetry.events import (
     FailureDetected,
     FaultInjected,
     GaveUp,
+    HealCorrupt,
     Healed,
     LighthouseRestarted,
     LighthouseStarted,
@@ -467,11 +468,20 @@ class DashboardModel:
         self._replica(e.replica, e.t)
         self.markers.append(Marker("heal", e.replica, e.step, e.t,
                                    f"from {e.source_replica}" if e.source_replica is not None else "healed"))
-        src = f" from group {e.source_replica}" if e.source_replica is not None else ""
+        donors = e.donors or ([e.source_replica] if e.source_replica is not None else [])
+        src = f" from group{'s' if len(donors) > 1 else ''} {', '.join(str(d) for d in donors)}" if donors else ""
+        rate = f" ({e.gbps:.2f} GB/s)" if e.gbps else ""
         why = f" ({e.cause})" if e.needless else ""
         self._log(e, f"group {e.replica} healed{src} at step {e.step}: "
-                     f"{fmt_bytes(e.bytes)} in {e.seconds:.2f} s{why}")
+                     f"{fmt_bytes(e.bytes)} in {e.seconds:.2f} s{rate}{why}")
         return {PLOT, TIMELINE, HEALTH}
+
+    def _on_HealCorrupt(self, e: HealCorrupt) -> set[str]:
+        again = (f"refetched from group {e.refetched_from}" if e.refetched_from is not None
+                 else "no other donor had it: the heal failed and is retried")
+        self._log(e, f"group {e.replica} rank {e.rank}: a piece of {e.tensor} from group {e.donor} failed its "
+                     f"digest check; {again}")
+        return set()
 
     def _on_Rejoined(self, e: Rejoined) -> set[str]:
         rec = self._replica(e.replica, e.t)

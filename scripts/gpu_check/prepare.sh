@@ -12,8 +12,8 @@ for p in manylinux_2_17_x86_64 manylinux2014_x86_64 manylinux_2_28_x86_64 manyli
   plat="$plat --platform $p"; done
 # compiled packages, for Python 3.12 (the rest are pure Python and come from our venv)
 $PY -m pip download -q $plat -d $tmp torchmonarch==0.7.0 torchft==0.2.0 pyzmq==27.3.0 \
-  "$(grep -i '^rpds-py==' constraints.txt)" "$(grep -i '^py-spy==' constraints.txt)"
-cp $tmp/torchft-*.whl $tmp/pyzmq-*.whl $tmp/rpds_py-*.whl $tmp/py_spy-*.whl $out/
+  "$(grep -i '^rpds-py==' constraints.txt)" "$(grep -i '^py-spy==' constraints.txt)" "$(grep -i '^xxhash==' constraints.txt)"
+cp $tmp/torchft-*.whl $tmp/pyzmq-*.whl $tmp/rpds_py-*.whl $tmp/py_spy-*.whl $tmp/xxhash-*.whl $out/
 # torchmonarch's wheel is 93 MB: its 274 MB Rust library travels xz-compressed (38 MB)
 (cd $tmp && mkdir m && cd m && unzip -q ../torchmonarch-*.whl 'monarch/*' 'torchmonarch-*.dist-info/*' \
   && tar cf - --exclude='monarch/_rust_bindings*.so' monarch torchmonarch-*.dist-info | xz -6 -T2 > "$OLDPWD/$out/monarch_rest.tar.xz" \

@@ -1,6 +1,7 @@
 #!/bin/bash
 # GPU check (scripts/gpu_check/prepare.sh builds .devpkg): notebook 02 on CUDA (3 groups, a kill,
-# identical after the heal) and bench_recovery. Python 3.12 + the machine's torch; the rest from .devpkg.
+# identical after the heal), bench_recovery, and bench_heal's heals of a 1.25 GB state GPU to GPU
+# (the striped transport's device path: pieces staged through host memory). Python 3.12 + the machine's torch; the rest from .devpkg.
 export PYTHONUNBUFFERED=1
 R=$PWD; P=$R/.devpkg; S=/tmp/site
 mkdir -p $S/bin /tmp/runs
@@ -49,4 +50,8 @@ t2=$(date +%s)
 timeout 170 python3 bench/bench_recovery.py --kinds kill,comms --repeats 1 --spares 1 $BK --out $OUT/recovery_cuda.json 2>&1 | grep -v "^WARNING\|Future.get"
 echo "== bench rc=${PIPESTATUS[0]} in $(( $(date +%s) - t2 )) s"
 ls /tmp/runs | head; tar czf $OUT/runs.tgz -C /tmp/runs --exclude=checkpoints . ; ls -la $OUT
+echo "== bench_heal (1 GB: the small flavour, heals GPU to GPU)"
+t3=$(date +%s)
+timeout 240 python3 bench/bench_heal.py --sizes 1 $BK --out $OUT/heal_cuda.json 2>&1 | grep -v "^WARNING\|Future.get\|GET /"
+echo "== bench_heal rc=${PIPESTATUS[0]} in $(( $(date +%s) - t3 )) s"
 ls $OUT | head -20; pgrep -af "monarch|lighthouse|bootstrap" | head
