@@ -134,3 +134,18 @@ def test_a_donor_past_should_commit_serves_nothing_more(cluster_of):
     c.donors[1].disallow_checkpoint()  # it moved on: only the source heals us
     assert_same(c.heal(), c.donor_states[0])
     assert c.receiver.last.donors == [0] and c.receiver.last.dropped[0]["why"] == "not at this step"
+
+
+def test_a_donor_that_dies_mid_stream_loses_only_the_pieces_it_had_not_sent(cluster_of):
+    c = cluster_of(2)
+
+    def one_piece_then_gone(serving, first, stop, out):  # the donor's process dies mid-stream
+        StripedTransport.write_pieces(c.donors[1], serving, first, first + 1, out)
+        raise ConnectionResetError("donor died")
+
+    c.donors[1].write_pieces = one_piece_then_gone
+    assert_same(c.heal(), c.donor_states[0])
+    rec = c.receiver.last
+    # each of its streams delivered one verified piece; donor 0 sent the rest, nothing twice
+    assert rec.corrupt == [] and 0 < rec.bytes_per_donor[1] < rec.bytes / 2
+    assert sum(rec.bytes_per_donor) == rec.bytes
