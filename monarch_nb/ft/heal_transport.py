@@ -166,12 +166,12 @@ class StripedTransport(CheckpointTransport[Any]):
     ``replica`` names this rank's group in the records."""
 
     def __init__(self, host: str, timeout: timedelta, target: Callable[[], Any],
-                 peers: Callable[[], list[str]], replica: int | None = None, streams_per_donor: int = 2,
+                 peers: Callable[[], list[str]], replica: int | None = None, streams_per_donor: int = 4,
                  piece_bytes: int = PIECE_BYTES) -> None:
         self._host, self._timeout, self._target, self._peers = host, timeout, target, peers
         self.replica, self.streams_per_donor, self.piece_bytes = replica, streams_per_donor, piece_bytes
-        # what is served: (step, leaves, spec, pieces) while a step's state may be read, else None;
-        # readers in flight are counted so that disallow_checkpoint waits for them
+        # what is served while a step's state may be read (else None); readers in flight are
+        # counted so that disallow_checkpoint waits for them
         self._cond = threading.Condition()
         self._serving: tuple[int, Any] | None = None  # (step, state dict or a function returning it)
         self._layout: tuple[list[Any], Any, list[Piece]] | None = None  # its leaves, spec and pieces
