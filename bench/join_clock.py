@@ -9,7 +9,7 @@ its quorum while A and B are mid-step; they finish 3 s later, B 30 ms after A. T
   refresh   V asks again every 0.5 s while it waits. The Lighthouse re-stamps a participant's
             join time on every request, so the clock should run from V's last request and keep
             both survivors in. Tried: "once" left one survivor out in 3 of 3 runs; "refresh" kept
-            both in only in some runs (4 of 7), for a reason not found yet. Not a fix as it stands.
+            both in only in about half of the runs, for a reason not found yet. Not a fix as it stands.
 Writes ``{"records": [{"mode", "quorum", "left_out"}]}``. Seconds, no training: a reproducer for
 the next change and for an upstream report.
 
