@@ -67,6 +67,15 @@ CLUSTER_KINDS = frozenset({FaultKind.PREEMPT, FaultKind.NODE_DOWN})
 # Faults after which nothing fails, so no recovery follows (the check they test records itself).
 FAILS_NOTHING = frozenset({FaultKind.CORRUPT.value})
 
+
+
+def refuse_corrupt_unless_striped(kind: "FaultKind | str", heal_transport: str) -> None:
+    """A ``corrupt`` fault flips a byte of a striped heal: refuse it on a run that heals otherwise."""
+    if FaultKind.parse(kind) is FaultKind.CORRUPT and heal_transport != "striped":
+        raise ValueError(f"kind: a corrupt fault flips a byte of a striped heal; this run heals over "
+                         f"{heal_transport!r} (RunConfig(heal_transport='striped'), the default)")
+
+
 EXIT_CODE = 13  # what the ``exit`` fault exits with
 
 # How a process ends once it fired a fault of these kinds (by kind value), in the words of

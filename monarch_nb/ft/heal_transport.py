@@ -98,13 +98,8 @@ class HealRecord:
     fetch_s: float = 0.0
     donors: list[int | None] = field(default_factory=list)
     bytes_per_donor: list[int] = field(default_factory=list)
-    streams: int = 0
-    corrupt: list[dict[str, Any]] = field(default_factory=list)  # {"tensor", "donor", "refetched_from"}
+    corrupt: list[dict[str, Any]] = field(default_factory=list)  # {"tensor", "offset", "donor", "refetched_from"}
     dropped: list[dict[str, Any]] = field(default_factory=list)  # donors not used, and why
-
-    @property
-    def gbps(self) -> float | None:
-        return self.bytes / self.seconds / 1e9 if self.seconds > 0 else None
 
 
 def _names(spec: Any, count: int) -> list[str]:
@@ -158,6 +153,10 @@ def stripes(pieces: list[Piece], parts: int) -> list[range]:
     return bounds + [range(len(pieces), len(pieces))] * (parts - len(bounds))
 
 
+# A served state laid out: its leaves, spec, pieces, and tensors (leaf -> (dtype, shape))
+_Layout = tuple[list[Any], Any, list[Piece], dict[int, tuple[str, tuple[int, ...]]]]
+
+
 class StripedTransport(CheckpointTransport[Any]):
     """Serves this rank's state to healing peers and heals this rank from all of its peers.
 
@@ -174,7 +173,7 @@ class StripedTransport(CheckpointTransport[Any]):
         # counted so that disallow_checkpoint waits for them
         self._cond = threading.Condition()
         self._serving: tuple[int, Any] | None = None  # (step, state dict or a function returning it)
-        self._layout: tuple[list[Any], Any, list[Piece]] | None = None  # its leaves, spec and pieces
+        self._layout: _Layout | None = None  # its leaves, spec, pieces and tensors
         self._readers = 0
         self._manifest: bytes | None = None
         self._corrupt_next = False
@@ -205,14 +204,14 @@ class StripedTransport(CheckpointTransport[Any]):
             self._serving, self._layout, self._manifest = (step, state_dict), None, None
             self._cond.notify_all()
 
-    def _laid_out(self, serving: tuple[int, Any]) -> tuple[list[Any], Any, list[Piece]]:
-        """The served state's leaves, spec and pieces (computed once per offer, on first read)."""
+    def _laid_out(self, serving: tuple[int, Any]) -> "_Layout":
+        """The served state's leaves, spec, pieces and tensors (once per offer, on first read)."""
         with self._cond:
             if self._layout is not None and self._serving is serving:
                 return self._layout
             state = serving[1]() if callable(serving[1]) else serving[1]
             leaves, spec = tree_flatten(state)
-            layout = (leaves, spec, cut(leaves, spec, self.piece_bytes)[0])
+            layout = (leaves, spec, *cut(leaves, spec, self.piece_bytes))
             if self._serving is serving:
                 self._layout = layout
             return layout
@@ -238,8 +237,7 @@ class StripedTransport(CheckpointTransport[Any]):
             if self._manifest is not None and self._serving is serving:
                 return self._manifest
         step = serving[0]
-        leaves, spec, pieces = self._laid_out(serving)
-        tensors = {i: (str(v.dtype), tuple(v.shape)) for i, v in enumerate(leaves) if isinstance(v, torch.Tensor)}
+        leaves, spec, pieces, tensors = self._laid_out(serving)
         values = [None if isinstance(v, torch.Tensor) else v for v in leaves]
         body = pickle.dumps(Manifest(step, self.replica, treespec_dumps(spec), values, tensors, pieces))
         with self._cond:
@@ -250,7 +248,7 @@ class StripedTransport(CheckpointTransport[Any]):
     def write_pieces(self, serving: tuple[int, Any], first: int, stop: int, out: Any) -> None:
         """Write pieces ``first..stop-1`` of the state being read to ``out``, each followed by
         its digest."""
-        leaves, _, pieces = self._laid_out(serving)
+        leaves, _, pieces, _ = self._laid_out(serving)
         for p in pieces[first:stop]:
             data = _read(leaves[p.leaf], p)
             digest = xxhash.xxh3_128_digest(_host_view(data))
@@ -311,8 +309,8 @@ class StripedTransport(CheckpointTransport[Any]):
         jobs = [(j % k, r) for j, r in enumerate(parts) if len(r)]
         record.donors = [m.replica for _, m in donors]
         record.bytes_per_donor = [0] * k
-        record.streams = len(jobs)
         failed: dict[int, set[int]] = {}  # piece -> donors that failed it
+        unmended: dict[int, list[dict[str, Any]]] = {}  # piece -> its corrupt records, until it verifies
         lock = threading.Lock()
 
         def run(d: int, pieces: list[int]) -> None:
@@ -320,11 +318,15 @@ class StripedTransport(CheckpointTransport[Any]):
                 with lock:
                     if ok:
                         record.bytes_per_donor[d] += source.pieces[i].nbytes
+                        for bad in unmended.pop(i, []):
+                            bad["refetched_from"] = donors[d][1].replica
                     else:
                         failed.setdefault(i, set()).add(d)
                         if ok is False:
-                            record.corrupt.append({"tensor": source.pieces[i].name, "offset": source.pieces[i].offset,
-                                                   "donor": donors[d][1].replica, "refetched_from": None})
+                            bad = {"tensor": source.pieces[i].name, "offset": source.pieces[i].offset,
+                                   "donor": donors[d][1].replica, "refetched_from": None}
+                            record.corrupt.append(bad)
+                            unmended.setdefault(i, []).append(bad)
 
         with ThreadPoolExecutor(max_workers=max(1, len(jobs))) as pool:
             list(pool.map(lambda job: run(job[0], list(job[1])), jobs))
@@ -340,10 +342,6 @@ class StripedTransport(CheckpointTransport[Any]):
             failed = {}
             for d, pieces in retry.items():
                 run(d, pieces)
-                for c in record.corrupt:
-                    if c["refetched_from"] is None and any(source.pieces[i].name == c["tensor"] and
-                                                           source.pieces[i].offset == c["offset"] for i in pieces):
-                        c["refetched_from"] = donors[d][1].replica
             for i in list(failed):
                 failed[i] |= before.get(i, set())
 

@@ -168,9 +168,14 @@ class Recovery:
                 f"detected by {self.detected_by or '?'}: {self.reason}")
 
     @property
+    def heal_sources(self) -> list[int | None]:
+        """The groups the heal's state came from (``Healed.sources``)."""
+        return self.heal_donors or ([self.heal_source] if self.heal_source is not None else [])
+
+    @property
     def heal_from(self) -> str:
         """Where the heal's state came from: "replica 2", or "replicas 0, 2" for a striped heal."""
-        donors = self.heal_donors or ([self.heal_source] if self.heal_source is not None else [])
+        donors = self.heal_sources
         return (f"replica{'s' if len(donors) > 1 else ''} {', '.join(str(d) for d in donors)}"
                 if donors else "a peer")
 

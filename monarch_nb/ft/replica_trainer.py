@@ -52,9 +52,8 @@ def _striped_info(transport: Any) -> dict[str, Any]:
     rec = getattr(transport, "last", None)
     if rec is None:
         return {}
-    return {"donors": rec.donors, "bytes_per_donor": rec.bytes_per_donor, "streams": rec.streams,
-            "transfer_s": rec.seconds, "manifest_s": rec.manifest_s, "fetch_s": rec.fetch_s,
-            "gbps": rec.gbps, "corrupt": len(rec.corrupt), "passed_over": rec.dropped}
+    return {"donors": rec.donors, "transfer_s": rec.seconds, "manifest_s": rec.manifest_s, "fetch_s": rec.fetch_s,
+            "corrupt": len(rec.corrupt), "passed_over": rec.dropped}
 
 
 def _local(t: Any) -> Any:

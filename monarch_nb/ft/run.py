@@ -46,7 +46,7 @@ from ..telemetry.events import (
 )
 from .config import MAX_GROUPS, RunConfig
 from .durable import META, CheckpointInfo, latest_complete, list_checkpoints, remove_torn
-from .faults import Fault, FaultKind, FaultSchedule, record_firing
+from .faults import Fault, FaultKind, FaultSchedule, record_firing, refuse_corrupt_unless_striped
 from .groups import GAVE_UP, HEALING, RETIRED, STARTING, STOPPED, TRAINING, GroupTable, ReplicaGroup
 from .history import RunHistory
 from .identity import IdentityChecks
@@ -414,9 +414,7 @@ class FTRun:
         step. Validated before anything is sent; a target that is not training or healing is
         refused, naming the groups that are. ``corrupt`` needs ``heal_transport="striped"``.
         """
-        if FaultKind.parse(kind) is FaultKind.CORRUPT and self.config.heal_transport != "striped":
-            raise ValueError(f"kind: a corrupt fault flips a byte of a striped heal; this run heals over "
-                             f"{self.config.heal_transport!r} (RunConfig(heal_transport='striped'), the default)")
+        refuse_corrupt_unless_striped(kind, self.config.heal_transport)
         return self.faults.inject(kind, replica, rank, at_step=at_step, after_s=after_s, hang_s=hang_s,
                                   during=during)
 

@@ -22,7 +22,7 @@ from typing import Any
 
 from monarch.actor import Actor, current_rank, endpoint
 
-from .faults import FaultKind, fire, record_firing
+from .faults import FaultKind, fire, record_firing, refuse_corrupt_unless_striped
 
 # A group that reported ``failed`` is torn down by the controller within a poll interval;
 # should the controller be gone, the process ends itself after this long.
@@ -233,9 +233,7 @@ class TrainerActor(Actor):
     def inject(self, kind: str, at_step: int | None = None, hang_s: float = 30.0, during: str | None = None) -> int:
         """Arm a fault; it fires inside the first step >= ``at_step`` (next step if None), or
         when the trainer next enters phase ``during``. Returns the step it is armed for."""
-        if FaultKind.parse(kind) is FaultKind.CORRUPT and not hasattr(getattr(self.trainer, "transport", None), "corrupt_next_send"):
-            raise ValueError("kind: a corrupt fault flips a byte of a striped heal; this run heals over "
-                             f"{self.trainer.cfg.get('heal_transport')!r} (use RunConfig(heal_transport='striped'))")
+        refuse_corrupt_unless_striped(kind, str(self.trainer.cfg.get("heal_transport") or "striped"))
         step = at_step if at_step is not None else self.trainer.current_step() + 1
         with self._lock:
             self._armed.append({"kind": kind, "at_step": at_step, "hang_s": hang_s, "during": during})

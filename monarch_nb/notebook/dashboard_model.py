@@ -468,7 +468,7 @@ class DashboardModel:
         self._replica(e.replica, e.t)
         self.markers.append(Marker("heal", e.replica, e.step, e.t,
                                    f"from {e.source_replica}" if e.source_replica is not None else "healed"))
-        donors = e.donors or ([e.source_replica] if e.source_replica is not None else [])
+        donors = e.sources
         src = f" from group{'s' if len(donors) > 1 else ''} {', '.join(str(d) for d in donors)}" if donors else ""
         rate = f" ({e.gbps:.2f} GB/s)" if e.gbps else ""
         why = f" ({e.cause})" if e.needless else ""

@@ -348,8 +348,7 @@ def recoveries_html(recoveries: list[Recovery], t0: float | None, *, bars: bool 
         fault = r.fault or "unplanned"
         heal = ""
         if r.heal_bytes is not None:
-            donors = r.heal_donors or ([r.heal_source] if r.heal_source is not None else [])
-            src = f" from {', '.join(str(d) for d in donors)}" if donors else ""
+            src = f" from {', '.join(str(d) for d in r.heal_sources)}" if r.heal_sources else ""
             rate = f" at {r.heal_gbps:.2f} GB/s" if r.heal_gbps else ""
             bad = f", {r.heal_corrupt} corrupt refetched" if r.heal_corrupt else ""
             heal = f"{fmt_bytes(r.heal_bytes)}{src}{rate}{bad}"

@@ -394,9 +394,14 @@ class Healed(Event):
     gbps: float | None = None
     corrupt: int = 0
     passed_over: list[dict[str, Any]] | None = None  # quorum members not used as donors, and why
-    # where the slowest rank's heal time went: manifest_s (donors' digests, peers found), fetch_s
-    # (bytes moved and checked), apply_s (loaded into the model; ~0 when written in place)
+    # where the slowest rank's heal time went: manifest_s (peers found, their manifests read),
+    # fetch_s (bytes moved and checked), apply_s (loaded into the model; ~0 when written in place)
     breakdown: dict[str, float] | None = None
+
+    @property
+    def sources(self) -> list[int | None]:
+        """The groups the state came from: a striped heal's donors, else torchft's one source."""
+        return self.donors or ([self.source_replica] if self.source_replica is not None else [])
 
     @property
     def needless(self) -> bool:
