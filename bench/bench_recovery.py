@@ -150,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--kinds", default=None, help="comma-separated fault kinds (default: every kind)")
     p.add_argument("--repeats", type=int, default=1, help="faults per kind and configuration")
     p.add_argument("--spares", type=int, default=1, help="also measure a run with this many warm spares (0: only without)")
-    p.add_argument("--transports", default="http", help="heal transports to compare, e.g. http,pg")
+    p.add_argument("--transports", default="striped", help="heal transports to compare, e.g. striped,http,pg")
     p.add_argument("--replicas", type=int, default=3)
     p.add_argument("--backend", default=None, choices=["gloo", "nccl"],
                    help="collective backend (default: nccl on GPUs; gloo for several groups on one GPU)")
