@@ -7,6 +7,7 @@
 #   ./run.sh test    set up, start the local SLURM cluster, run the whole test suite, stop the cluster
 #   ./run.sh test --quick   the inner loop: no slow, SLURM or browser tests (< 3 min; no cluster, no chromium)
 #   ./run.sh slurm up|down|status   a real one-machine SLURM cluster (2 virtual nodes) for notebooks/05
+#                    (`up --netns [--link-rate 2gbit]`: each node in its own network namespace)
 #   ./run.sh setup   only set up
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -84,7 +85,7 @@ case "$cmd" in
     # `up` also sets up the environment: it is all a fresh machine needs before
     # `.venv/bin/monarch-nb execute notebooks/05_cluster.ipynb`.
     [ "${1:-status}" = up ] && setup_python
-    exec scripts/slurm_cluster.sh "${1:-status}" ;;
+    exec scripts/slurm_cluster.sh "${1:-status}" "${@:2}" ;;
   *)
-    sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+    sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
 esac

@@ -99,6 +99,11 @@ class SlurmPlacement(Placement):
 
     def __init__(self, spec: Any) -> None:
         self.spec = spec
+        from ..jobs.slurm import controller_address
+
+        # this machine's hostname resolves only to loopback (a one-machine cluster): bind the
+        # address the nodes route to, which the Lighthouse then advertises
+        self.bind_host = controller_address() or "0.0.0.0"
 
     def up_kwargs(self, index: int) -> dict[str, Any]:
         return {"job": self.spec}

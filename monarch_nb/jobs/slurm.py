@@ -148,13 +148,57 @@ def _partitions() -> tuple[dict[str, int], str | None]:
     return sizes, default
 
 
-def _virtual_nodes() -> bool:
-    """Several nodes of this cluster share one machine (NodeHostName): workers then need a
-    hostname of their own, or they would all bind tcp://<machine>:<port>."""
+@dataclass(frozen=True)
+class ClusterNetwork:
+    """How this cluster's nodes are reached, read from ``scontrol show node``.
+
+    ``virtual``: several nodes share one machine (NodeHostName), so each worker needs a hostname
+    of its own or they would all bind tcp://<machine>:<port>. ``shared_loopback``: every node's
+    address is a loopback one (virtual nodes in this network namespace: gloo must use ``lo``).
+    ``controller_addr``: the address this machine has on the route to the nodes, when its
+    hostname resolves only to loopback (the workers could not reach ``tcp://<hostname>``);
+    None when the hostname resolves to a real address, which workers then use."""
+
+    virtual: bool
+    shared_loopback: bool
+    controller_addr: str | None
+
+
+def _cluster_network() -> ClusterNetwork:
+    import ipaddress
+
     out = _run(["scontrol", "show", "node", "-o"])
-    hosts = [tok.split("=", 1)[1] for line in out.stdout.splitlines() for tok in line.split()
-             if tok.startswith("NodeHostName=")]
-    return len(hosts) > len(set(hosts))
+    fields = [dict(tok.split("=", 1) for tok in line.split() if "=" in tok) for line in out.stdout.splitlines()]
+    hosts = [f["NodeHostName"] for f in fields if "NodeHostName" in f]
+    addrs = [a for f in fields for a in [_resolve(f.get("NodeAddr", ""))] if a]
+    loopback = bool(addrs) and all(ipaddress.ip_address(a).is_loopback for a in addrs)
+    controller = None
+    if _hostname_is_loopback_only():
+        controller = "127.0.0.1" if loopback or not addrs else _route_source(addrs[0])
+    return ClusterNetwork(virtual=len(hosts) > len(set(hosts)), shared_loopback=loopback,
+                          controller_addr=controller)
+
+
+def _resolve(name: str) -> str | None:
+    try:
+        return socket.gethostbyname(name) if name else None
+    except OSError:
+        return None
+
+
+def _route_source(addr: str) -> str:
+    """This machine's address on its route to ``addr`` (a UDP connect sends nothing)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.connect((addr, 9))
+        return s.getsockname()[0]
+
+
+def controller_address() -> str | None:
+    """The address cluster nodes reach this machine at, when its hostname would not do (it
+    resolves only to loopback); None otherwise. The Lighthouse binds it (see SlurmPlacement)."""
+    if not shutil.which("scontrol"):
+        return None
+    return _cluster_network().controller_addr
 
 
 def _hostname_is_loopback_only() -> bool:
@@ -221,7 +265,7 @@ class SlurmAllocation(Allocation):
         self.job: Any = None
         self.job_id: str | None = None
         self.nodes: list[str] = []
-        self.local = False  # set in start(): virtual nodes of this machine count as local
+        self.local = False  # set in start(): virtual nodes sharing this machine's loopback count as local
         self.env: dict[str, str] = {}  # for the workers (e.g. loopback gloo on virtual nodes)
 
     def start(self) -> Any:
@@ -240,8 +284,9 @@ class SlurmAllocation(Allocation):
         self.log_dir.mkdir(parents=True, exist_ok=True)
         python = shlex.quote(sys.executable)
         python_exe = python
-        self.local = _virtual_nodes()
-        if self.local:
+        net = _cluster_network()
+        self.local = net.virtual and net.shared_loopback
+        if net.virtual:
             wrapper = self.log_dir / f"node_python-{self.name}.sh"
             wrapper.write_text(_NODE_PYTHON.replace("{python}", python))
             wrapper.chmod(0o755)
@@ -254,13 +299,15 @@ class SlurmAllocation(Allocation):
             slurm_args=tuple(spec.slurm_args), job_start_timeout=int(spec.start_timeout_s) + 1)
         for name in seam.JOB_LOGGERS:  # Monarch logs each submit and poll at INFO; the job's log has it all
             logging.getLogger(name).setLevel(logging.WARNING)
-        if _hostname_is_loopback_only():
+        if net.controller_addr is not None:
             # SlurmJob just set Monarch's transport to TcpWithHostname; with a hostname that
-            # resolves only to loopback the client would panic ("no non-loopback address").
+            # resolves only to loopback the client would panic ("no non-loopback address"), and
+            # nodes with a network of their own could not reach it: bind the address they route to.
             import monarch.config
             from monarch.actor import ChannelTransport
 
-            monarch.config.configure(default_transport=ChannelTransport.TcpWithLocalhost)
+            monarch.config.configure(default_transport=ChannelTransport.TcpWithLocalhost
+                                     if net.controller_addr == "127.0.0.1" else f"tcp://{net.controller_addr}:0")
         try:
             self.job.apply()
             self.job_id = seam.slurm_job_id(self.job)
