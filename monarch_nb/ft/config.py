@@ -12,6 +12,7 @@ mapping of its sections and keys); ``help(RunConfig)`` documents every field.
 from __future__ import annotations
 
 import dataclasses
+import re
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -119,6 +120,11 @@ class RunConfig:
             or "pg" (torchft's PGTransport, over the cross-replica process group).
         heal_streams: parallel connections per donor in a "striped" heal (default 4: one
             stream is bound by one core on each side).
+        heal_interface: the network interface heals go over, by name (e.g. "ib0", "mnb1"):
+            each worker serves and advertises that interface's IPv4 address for "striped" and
+            "http" heals. None (default): the address the collectives use (advertise_host).
+            A node whose hostname resolves to a slow management network is the trap of
+            torchft issue #329 (a transfer 40x slower than over the fast interface).
         advertise_host: the address each worker's torchft servers advertise to peers. None
             (default) picks by placement: 127.0.0.1 on this machine, the node's own address
             on a cluster; "auto" resolves the worker's hostname. A local run refuses a
@@ -192,6 +198,7 @@ class RunConfig:
     quorum_timeout_s: float = 10.0  # a group waits this long for a quorum, then asks again
     heal_transport: str = "striped"  # how a recovering group gets peers' state: "striped", "http" or "pg"
     heal_streams: int = 4  # connections per donor in a striped heal
+    heal_interface: str | None = None  # interface heals go over (its address); None: advertise_host's
     # Address each worker's torchft servers advertise to its peers: None picks by placement
     # (127.0.0.1 on this machine; the node's own address, from its hostname, on a cluster).
     advertise_host: str | None = None
@@ -254,6 +261,13 @@ class RunConfig:
             raise ValueError(f"heal_transport: unknown value {self.heal_transport!r}; "
                              f"allowed values: {', '.join(HEAL_TRANSPORTS)}")
         need_int("heal_streams", 1)
+        if self.heal_interface is not None:
+            if not isinstance(self.heal_interface, str) or not re.fullmatch(r"[A-Za-z0-9_.:@-]{1,15}", self.heal_interface):
+                raise ValueError(f"heal_interface: {self.heal_interface!r} is not a network interface name "
+                                 "(e.g. 'eth1', 'ib0'); None uses the collectives' address")
+            if self.heal_transport == "pg":
+                raise ValueError("heal_interface: a 'pg' heal goes over the collectives' process group; "
+                                 "use heal_transport='striped' (or 'http') to choose the interface")
         if self.backend not in (None, "gloo", "nccl"):
             raise ValueError(f"backend: unknown value {self.backend!r}; allowed values: gloo, nccl (or None: auto)")
         need_int("min_replicas", 1)

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import http.client
 import pickle
+import socket
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -56,6 +57,22 @@ IO_BLOCK = 4 << 20  # bytes per socket read/write
 # at that step (it is healing too, or gone). The heal waits this long for such a peer before it
 # starts, so it stays short: a slow peer only means one donor fewer.
 PEER_WAIT_S = 0.5
+
+
+def interface_address(name: str) -> str:
+    """The IPv4 address of this node's interface ``name`` (``RunConfig.heal_interface``): what a
+    worker serves and advertises heals on, so they go over that link and not over whatever the
+    hostname resolves to (torchft issue #329)."""
+    import psutil
+
+    addrs = psutil.net_if_addrs()
+    found = [a.address for a in addrs.get(name, []) if a.family == socket.AF_INET]
+    if not found:
+        have = ", ".join(f"{n} ({a})" for n, a in sorted((n, next((x.address for x in v if x.family == socket.AF_INET),
+                                                                 "no IPv4")) for n, v in addrs.items()))
+        raise ValueError(f"heal_interface: this node ({socket.gethostname()}) has no IPv4 interface {name!r}; "
+                         f"it has {have}")
+    return found[0]
 
 
 class HealCorrupt(RuntimeError):

@@ -331,10 +331,15 @@ class ReplicaTrainer:
         pg.configure = configure_in_phase
         self.ft_pg = pg
         self._recv_info: dict[str, Any] | None = None
-        from .heal_transport import QuorumPeers
+        from .heal_transport import QuorumPeers, interface_address
 
         self._heal_peers = QuorumPeers(timeout)
-        self.transport = self._heal_transport(str(self.cfg.get("heal_transport") or "striped"), host, pg, timeout)
+        heal_host = interface_address(self.cfg["heal_interface"]) if self.cfg.get("heal_interface") else host
+        if self.cfg.get("job", "local") in ("local", "process") and not self.cfg.get("expose") \
+                and not _is_loopback(heal_host):
+            raise ValueError(f"heal_interface: {self.cfg['heal_interface']!r} has address {heal_host}, not a loopback "
+                             "one; a local run keeps its state on this machine. Set expose=True to serve it there")
+        self.transport = self._heal_transport(str(self.cfg.get("heal_transport") or "striped"), heal_host, pg, timeout)
         return torchft.Manager(
             pg=pg,
             load_state_dict=self._load_state_dict,
