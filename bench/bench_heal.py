@@ -42,6 +42,7 @@ import threading
 import time
 from datetime import timedelta
 from pathlib import Path
+from typing import Any, Callable
 
 import torch
 
@@ -161,15 +162,20 @@ def rss_gb(pid: int) -> float | None:
         return None
 
 
-def heal(path: str, size_asked: float, replicas: int, transport: str, backend: str | None = None) -> dict:
+def heal(path: str, size_asked: float, replicas: int, transport: str, backend: str | None = None,
+         counters: Callable[[], dict] | None = None, **config: Any) -> dict:
     """A real run: kill the last group, wait for its heal; the heal's bandwidth and the donors'
-    extra RSS while they served it."""
+    extra RSS while they served it. ``counters``: read every 0.2 s; their growth over the heal
+    (the last reading before it began to the first after it ended) is recorded (``"counted"``,
+    keyed as ``counters`` returns them); ``config``: more
+    RunConfig fields (e.g. ``job="slurm"``)."""
     from monarch_nb.ft import FTRun, RunConfig
     from monarch_nb.telemetry.events import Healed, Step
 
     model = flavour_for(size_asked)
     cfg = RunConfig(replicas=replicas, model=model, heal_transport=transport, backend=backend, init_timeout_s=900,
-                    hang_timeout_s=120, pg_timeout_s=120, join_timeout_ms=10000, run_name=f"bench-heal-{path}-{model}-{time.strftime('%H%M%S')}")
+                    hang_timeout_s=120, pg_timeout_s=120, join_timeout_ms=10000,
+                    run_name=f"bench-heal-{path}-{model}-{time.strftime('%H%M%S')}", **config)
     run = FTRun(cfg)
     victim, donors = replicas - 1, list(range(replicas - 1))
     try:
@@ -192,10 +198,16 @@ def heal(path: str, size_asked: float, replicas: int, transport: str, backend: s
         # The baseline spans two whole steps (a step's own peak: activations, gradients).
         done = max(e.step for e in run.events.events(Step) if e.committed and e.replica in donors)
         run.wait_for_step(done + 2, replicas=donors, timeout=900)
+        nodes = _nodes(run)
+        readings: list[tuple[float, dict]] = []  # (t, counters()) every 0.2 s
+        if counters:
+            threading.Thread(target=_read_every, args=(counters, 0.2, readings, stop), daemon=True).start()
         t = time.time()
         run.inject("kill", replica=victim)
         healed = run.wait_for(lambda e: isinstance(e, Healed) and e.replica == victim and e.cause == "recovery",
                               timeout=900, since=t)
+        counted = _growth(readings, healed.t - healed.seconds, healed.t, stop) if counters else None
+        nodes[victim] = _nodes(run).get(victim)
         stop.set()
         sampler.join()
         start = healed.t - healed.seconds
@@ -214,7 +226,34 @@ def heal(path: str, size_asked: float, replicas: int, transport: str, backend: s
     out.update(donors=len(healed.donors) if healed.donors else 1, donor_extra_rss_gb=extra,
                victim_extra_rss_gb=victim_extra, model=model,
                transfer_gbps=healed.gbps, corrupt=healed.corrupt, size_asked_gb=size_asked,
-               breakdown=healed.breakdown, passed_over=healed.passed_over)
+               breakdown=healed.breakdown, passed_over=healed.passed_over, bytes=healed.bytes)
+    if counters:
+        out.update(counted=counted, nodes=nodes)
+    return out
+
+
+def _read_every(read: Callable[[], dict], period: float, out: list, stop: threading.Event) -> None:
+    while True:
+        out.append((time.time(), read()))
+        if stop.wait(period):
+            return
+
+
+def _growth(readings: list[tuple[float, dict]], start: float, end: float, stop: threading.Event) -> dict:
+    """How much each counter grew from its last reading before ``start`` to its first after ``end``."""
+    while not any(ts >= end for ts, _ in readings) and not stop.is_set():
+        time.sleep(0.05)  # the reader's next reading
+    before = [r for ts, r in readings if ts <= start] or readings[:1]
+    after = [r for ts, r in readings if ts >= end] or readings[-1:]
+    return {k: v - before[-1].get(k, 0) for k, v in after[0].items()}
+
+
+def _nodes(run: Any) -> dict[int, str | None]:
+    """The SLURM node of each group's allocation (None for a group on this host)."""
+    out = {}
+    for g in run.groups:
+        allocation = run.session.mesh(g.name).allocation if g.name in run.session.meshes else None
+        out[g.index] = allocation.nodes[0] if allocation is not None and getattr(allocation, "nodes", None) else None
     return out
 
 

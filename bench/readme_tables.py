@@ -12,6 +12,8 @@ writes what goes between them. Blocks:
                   (bench/monarch_leaks.py)
   heal            heal bandwidth per path and state size, from bench/results/heal.json
                   (bench/bench_heal.py --quick)
+  heal_links      a heal from k donors over rate-limited links (the netns cluster), from
+                  bench/results/heal_links.json (bench/bench_heal_links.py)
 
 Usage: python bench/readme_tables.py            print the blocks
        python bench/readme_tables.py --check    exit 1, with a diff, if README.md differs
@@ -225,8 +227,8 @@ def heal_block(result: dict[str, Any]) -> str:
             lines.append(f"- {two['donors']} donors against one at {two['size_gb']:.2f} GB: "
                          f"{two['gbps'] / one['gbps']:.2f}x. On this box's loopback a heal is bound by its 2 cores "
                          f"(donors, victim and {two['donors']} x 4 streams share them), not by a link; the striped "
-                         "heal's target (0.7 x k over one donor) is for rate-limited links, which need the netns "
-                         "cluster (not built yet)")
+                         "heal's target (0.7 x k over one donor) is for rate-limited links: see the netns "
+                         "cluster's table below")
     for who in ("donor", "victim"):
         extra = {r["path"]: r[f"{who}_extra_rss_gb"] / r["size_gb"] for r in recs
                  if r.get(f"{who}_extra_rss_gb") is not None and r["size_gb"] >= 1}
@@ -239,6 +241,34 @@ def heal_block(result: dict[str, Any]) -> str:
     corrupt = sum(int(r.get("corrupt") or 0) for r in recs)
     lines.append(f"- pieces that failed their digest check in these heals: {corrupt} (a failed piece is "
                  "refetched from another donor, never accepted)")
+    return "\n".join(lines)
+
+
+def _argv(result: dict[str, Any]) -> str:
+    """The invocation that wrote ``result``, without its --out FILE."""
+    argv = result.get("argv", [])
+    return " ".join(x for i, x in enumerate(argv) if x != "--out" and (i == 0 or argv[i - 1] != "--out"))
+
+
+def heal_links_block(result: dict[str, Any]) -> str:
+    """GB/s and speed-up per donor count k on rate-limited links; the 0.7 x k target below."""
+    recs = sorted(result["records"], key=lambda r: r["survivors"])
+    rows = ["| survivors k | donors | GB/s | of one link | speed-up over 1 donor | speed-up / k | GB each node sent on mnb0 |",
+            "|---|---|---|---|---|---|---|"]
+    for r in recs:
+        sent = ", ".join(f"{key.split('/')[0]} {gb:.2f}" for key, gb in r["sent_gb"].items()
+                         if key.endswith("/mnb0") and gb >= 0.01)
+        rows.append(f"| {r['survivors']} | {r['donors']} | {r['gbps']:.3f} | {r['gbps'] / r['link_gbps']:.0%} "
+                    f"| {_f(r['speedup'], '.2f')} | {_f(r['per_donor_efficiency'], '.2f')} | {sent} |")
+    first = recs[0]
+    lines = [f"`bench/bench_heal_links.py {_argv(result)}` on the netns cluster: each node sends at most "
+             f"{result['link_rate']} ({result['link_gbps']:.3f} GB/s); {first['model']}, {first['size_gb']:.2f} GB of "
+             "state; one invocation, side by side:", "", *rows, ""]
+    for r in recs:
+        if r["survivors"] > 1 and r["per_donor_efficiency"] is not None:
+            ok = r["per_donor_efficiency"] >= 0.7 and r["donors"] == r["survivors"]
+            lines.append(f"- k = {r['survivors']}: {r['speedup']:.2f}x one donor = {r['per_donor_efficiency']:.2f} x k "
+                         f"(target >= 0.7 x k: {'met' if ok else '**not met**'})")
     return "\n".join(lines)
 
 
@@ -256,6 +286,9 @@ def blocks() -> dict[str, str]:
     heal = REPO / "bench/results/heal.json"
     if heal.exists():
         out["heal"] = heal_block(json.loads(heal.read_text()))
+    links = REPO / "bench/results/heal_links.json"
+    if links.exists():
+        out["heal_links"] = heal_links_block(json.loads(links.read_text()))
     return out
 
 

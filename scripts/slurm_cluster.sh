@@ -345,6 +345,7 @@ netns_up() {
     [[ "$LINK_RATE" == none || "$LINK_RATE" =~ ^[0-9]+(\.[0-9]+)?[kmg]?bit$ ]] \
         || die "--link-rate: '$LINK_RATE' is not a rate like 2gbit, 500mbit or none"
     local i k ns br root
+    netns_prune
     for i in 0 1; do
         br="mnbr$i"
         if ! ip link show "$br" >/dev/null 2>&1; then
@@ -374,6 +375,15 @@ netns_up() {
         done
     done
     echo "$LINK_RATE" >"$SLURM_DIR/run/netns"
+}
+
+# netns_prune: remove the namespaces of nodes beyond NUM_NODES (a larger cluster brought up before).
+netns_prune() {
+    local ns
+    command -v ip >/dev/null || return 0
+    for ns in $(ip netns list 2>/dev/null | awk '$1 ~ /^mnb-n[0-9]+$/ { print $1 }'); do
+        ((${ns#mnb-n} <= NUM_NODES)) || ip netns del "$ns" || log "cannot delete network namespace $ns"
+    done
 }
 
 # netns_down: remove every namespace, veth and bridge netns_up made (also of a larger cluster).
@@ -482,7 +492,7 @@ running_net() { cat "$SLURM_DIR/run/netns" 2>/dev/null || echo none-shared; }
 cmd_up() {
     need_root up
     local want_net=none-shared
-    ((NETNS)) && want_net=$LINK_RATE
+    ((NETNS)) && want_net=$LINK_RATE && netns_prune
     # Fast path: everything already runs with this very config -> check, resume, done.
     if command -v slurmd >/dev/null && [[ -f "$CONF" ]] && [[ "$(running_net)" == "$want_net" ]] \
         && [[ "$(cat "$CONF")" == "$(render_conf)" ]] && daemons_running; then

@@ -69,3 +69,21 @@ def test_the_heal_json_has_every_path_at_every_size_with_fields_bench_heal_write
             assert set(r["breakdown"]) == {"manifest_s", "fetch_s", "apply_s"} and r["corrupt"] == 0
     wanted = {"memcpy", "loopback_1", "torchft_http", "striped_1", "heal", "heal_striped", "heal_torchft", "torchft_pg"}
     assert all(wanted <= got for got in paths.values()), paths
+
+
+def test_the_heal_links_json_has_a_heal_per_donor_count_whose_bytes_left_the_donors():
+    """bench_heal_links.py: one heal per k, every survivor a donor, and the donors' rate limiters
+    counted the state leaving them (their shares add up to it)."""
+    result = json.loads((REPO / "bench/results/heal_links.json").read_text())
+    written = set(re.findall(r'"(\w+)"', (REPO / "bench/bench_heal.py").read_text()
+                             + (REPO / "bench/bench_heal_links.py").read_text())) | set(
+        re.findall(r"(\w+)=", (REPO / "bench/bench_heal.py").read_text() + (REPO / "bench/bench_heal_links.py").read_text()))
+    ks = []
+    for r in result["records"]:
+        assert set(r) <= written, sorted(set(r) - written)
+        ks.append(r["survivors"])
+        donors = {n for i, n in r["nodes"].items() if int(i) < r["survivors"]}
+        sent = sum(gb for key, gb in r["sent_gb"].items() if key.split("/")[0] in donors and key.endswith("/mnb0"))
+        assert r["donors"] == r["survivors"] and sent >= r["size_gb"], r
+        assert r["speedup"] == r["gbps"] / next(x["gbps"] for x in result["records"] if x["survivors"] == 1)
+    assert ks == sorted(set(ks)) and ks[0] == 1, ks

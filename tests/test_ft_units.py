@@ -36,6 +36,8 @@ from monarch_nb.telemetry.events import (
     ({"min_replicas": 4}, "min_replicas", "1..3"),
     ({"hang_timeout_s": 0.1}, "hang_timeout_s", "poll_interval_s"),
     ({"restart": RestartPolicy(max_restarts=-1)}, "restart.max_restarts", ">= 0"),
+    ({"heal_interface": "eth 1"}, "heal_interface", "not a network interface name"),
+    ({"heal_interface": "eth1", "heal_transport": "pg"}, "heal_interface", "heal_transport='striped'"),
 ])
 def test_invalid_config_names_field_and_allowed_values(changes, field, allowed):
     with pytest.raises(ValueError) as err:
@@ -48,6 +50,14 @@ def test_invalid_config_fails_before_any_process_starts(tmp_path):
     with pytest.raises(ValueError, match="replicas"):
         FTRun(RunConfig(replicas=0, runs_root=str(tmp_path)))
     assert not any(tmp_path.iterdir()), "nothing may be created for an invalid run"
+
+
+def test_a_heal_interface_resolves_to_its_address_or_names_the_ones_there_are():
+    from monarch_nb.ft.heal_transport import interface_address
+
+    assert interface_address("lo") == "127.0.0.1"
+    with pytest.raises(ValueError, match=r"^heal_interface: this node \(.*\) has no IPv4 interface 'ib9'; it has .*lo \(127.0.0.1\)"):
+        interface_address("ib9")
 
 
 def test_config_round_trips_through_a_dict():

@@ -55,14 +55,14 @@ def restore(before: ClusterMode) -> subprocess.CompletedProcess:
 
 
 def link_bytes() -> dict[tuple[str, str], int]:
-    """{(node, link): bytes the node has sent on that link} over every node namespace."""
+    """{(node, link): bytes the node has sent on that link} over every node namespace (one
+    ``tc`` call per node: a benchmark reads it every few tenths of a second)."""
     listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True).stdout
     out = {}
     for ns in (line.split()[0] for line in listed.splitlines() if line.startswith(NAMESPACE_PREFIX)):
-        for link in LINKS:
-            shown = subprocess.run(["tc", "-n", ns, "-s", "-j", "qdisc", "show", "dev", link],
-                                   capture_output=True, text=True, check=True).stdout
-            sent = [q["bytes"] for q in json.loads(shown) if q.get("kind") == "tbf"]
-            if sent:
-                out[(ns.removeprefix(NAMESPACE_PREFIX), link)] = int(sent[0])
+        shown = subprocess.run(["tc", "-n", ns, "-s", "-j", "qdisc", "show"],
+                               capture_output=True, text=True, check=True).stdout
+        for q in json.loads(shown):
+            if q.get("kind") == "tbf" and q.get("dev") in LINKS:
+                out[(ns.removeprefix(NAMESPACE_PREFIX), q["dev"])] = int(q["bytes"])
     return out
