@@ -14,8 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Iterable
 
-from ..telemetry.events import (CheckpointAbandoned, CheckpointFailed, CheckpointSaved, CommsRetry, Event, HealCorrupt, Healed,
-                                Quorum, QuorumTimedOut, Rejoined, Step)
+from ..telemetry.events import (CheckpointAbandoned, CheckpointFailed, CheckpointLoaded, CheckpointSaved, CommsRetry,
+                                Event, HealCorrupt, Healed, Quorum, QuorumTimedOut, Rejoined, Step)
 
 
 @dataclass(frozen=True)
@@ -136,6 +136,9 @@ class EventIngest:
         elif kind == "checkpoint_saved" and rank == 0:
             yield CheckpointSaved(t=t, replica=replica, step=int(ev["step"]), bytes=int(ev["bytes"]),
                                   seconds=float(ev["seconds"]), stall=float(ev["stall"]), path=str(ev["path"]))
+        elif kind == "checkpoint_loaded" and rank == 0:
+            yield CheckpointLoaded(t=t, replica=replica, step=int(ev["step"]), path=str(ev["path"]),
+                                   seconds=float(ev["seconds"]))
         elif kind == "checkpoint_failed" and rank == 0:
             yield CheckpointFailed(t=t, replica=replica, step=int(ev["step"]), error=str(ev.get("error", "")))
         elif kind == "checkpoint_abandoned" and rank == 0:

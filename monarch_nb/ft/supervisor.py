@@ -153,16 +153,7 @@ class Supervisor:
         the slowest one's time, not the sum (on a cluster each group's node does its own work).
         Returns each group's acquisition time by index; the first error is raised once every
         spawn has ended."""
-        if len(groups) <= 1:
-            return {g.index: self.spawn(g) for g in groups}
-        from concurrent.futures import ThreadPoolExecutor
-
-        with ThreadPoolExecutor(max_workers=min(len(groups), SPAWN_THREADS), thread_name_prefix="ft-spawn") as pool:
-            futures = {g.index: pool.submit(self.spawn, g) for g in groups}
-        errors = [f.exception() for f in futures.values() if f.exception() is not None]
-        if errors:
-            raise errors[0]
-        return {index: f.result() for index, f in futures.items()}
+        return in_parallel(groups, self.spawn, "ft-spawn")
 
     # ---- warm spares -------------------------------------------------------------------
 
@@ -597,9 +588,12 @@ class Supervisor:
                 self.wait_ready(h, time.monotonic() + self.config.init_timeout_s)
             for h in groups:
                 self.ingest.expect_rejoin(h.index, (fired or failure.t) if h is g else time.time())
-                self.start_training(h, resume_from=str(checkpoint.path) if checkpoint else None)
                 self.set_state(h, HEALING, "loading the checkpoint" if checkpoint else "from scratch")
-                self.groups.touch(h, time.monotonic())
+
+            def load(h: ReplicaGroup) -> None:  # each group reads the checkpoint itself, all at once
+                self.start_training(h, resume_from=str(checkpoint.path) if checkpoint else None)
+
+            in_parallel(groups, load, "ft-restart")
             self._emit(Respawned(replica=g.index, attempt=g.attempts, seconds=time.time() - start))
             self._emit(RestartedFromCheckpoint(step=checkpoint.step if checkpoint else 0,
                                                checkpoint=str(checkpoint.path) if checkpoint else None,
@@ -744,6 +738,22 @@ class Supervisor:
             held = self.spares.stop()
             if held:
                 self.session.down_many([s.mesh for s in held], kill=True)
+
+
+def in_parallel(groups: list[ReplicaGroup], fn: Callable[[ReplicaGroup], Any], name: str) -> dict[int, Any]:
+    """``fn`` for every group at once, by group index: their start-ups and checkpoint loads
+    overlap instead of queueing (on a cluster each group's node does its own work). The first
+    error is raised once every call has ended."""
+    if len(groups) <= 1:
+        return {g.index: fn(g) for g in groups}
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=min(len(groups), SPAWN_THREADS), thread_name_prefix=name) as pool:
+        futures = {g.index: pool.submit(fn, g) for g in groups}
+    errors = [f.exception() for f in futures.values() if f.exception() is not None]
+    if errors:
+        raise errors[0]
+    return {index: f.result() for index, f in futures.items()}
 
 
 def _trainer_class() -> type:

@@ -138,6 +138,18 @@ class ReplicaState(Event):
 
 
 @dataclass(frozen=True, kw_only=True)
+class CheckpointLoaded(Event):
+    """A group replaced its state with a durable checkpoint's (a restart from disk, a resume):
+    ``seconds`` its rank 0 spent reading it. In a restart every group loads at once."""
+
+    kind: ClassVar[str] = "checkpoint_loaded"
+    replica: int
+    step: int
+    path: str
+    seconds: float
+
+
+@dataclass(frozen=True, kw_only=True)
 class CheckpointSaved(Event):
     """A durable checkpoint is complete on disk. ``stall`` is what the training step lost to it
     (staging a copy); ``seconds`` from the save's start to the end of its write, off the critical
