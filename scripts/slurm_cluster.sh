@@ -377,11 +377,14 @@ netns_up() {
     echo "$LINK_RATE" >"$SLURM_DIR/run/netns"
 }
 
+# node_namespaces: the names of every node namespace there is (mnb-nK), of any cluster size.
+node_namespaces() { ip netns list 2>/dev/null | awk '$1 ~ /^mnb-n[0-9]+$/ { print $1 }'; }
+
 # netns_prune: remove the namespaces of nodes beyond NUM_NODES (a larger cluster brought up before).
 netns_prune() {
     local ns
     command -v ip >/dev/null || return 0
-    for ns in $(ip netns list 2>/dev/null | awk '$1 ~ /^mnb-n[0-9]+$/ { print $1 }'); do
+    for ns in $(node_namespaces); do
         ((${ns#mnb-n} <= NUM_NODES)) || ip netns del "$ns" || log "cannot delete network namespace $ns"
     done
 }
@@ -390,7 +393,7 @@ netns_prune() {
 netns_down() {
     local ns i
     command -v ip >/dev/null || return 0
-    for ns in $(ip netns list 2>/dev/null | awk '$1 ~ /^mnb-n[0-9]+$/ { print $1 }'); do
+    for ns in $(node_namespaces); do
         ip netns del "$ns" || log "cannot delete network namespace $ns"
     done
     for i in 0 1; do ip link del "mnbr$i" 2>/dev/null || true; done

@@ -32,13 +32,21 @@ MAX_GROUPS = 64  # replica groups + spares of one run; beyond it, a typo is like
 HEAL_TRANSPORTS = ("striped", "http", "pg")
 
 
-def _loopback(host: str) -> bool:
+def is_loopback(host: str) -> bool:
     import ipaddress
 
     try:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return host == "localhost"
+
+
+def refuse_exposure(field: str, shown: str, host: str, job: str, expose: bool) -> None:
+    """A local run serves its state only on loopback unless ``expose``: checked for
+    ``advertise_host`` here and, once a worker knows its address, for ``heal_interface``."""
+    if job in ("local", "process") and not expose and not is_loopback(host):
+        raise ValueError(f"{field}: {shown} is not a loopback address; a local run keeps its servers on this "
+                         "machine. Set expose=True to let other hosts connect")
 
 
 @dataclass(frozen=True)
@@ -232,10 +240,8 @@ class RunConfig:
 
         need_int("replicas", 1)
         need_int("spares", 0)
-        if self.advertise_host not in (None, "auto") and self.job in ("local", "process") and not self.expose \
-                and not _loopback(self.advertise_host):
-            raise ValueError(f"advertise_host: {self.advertise_host!r} is not a loopback address; a local run keeps "
-                             "its servers on this machine. Set expose=True to let other hosts connect")
+        if self.advertise_host not in (None, "auto"):
+            refuse_exposure("advertise_host", repr(self.advertise_host), self.advertise_host, self.job, self.expose)
         if self.replicas + self.spares > MAX_GROUPS:
             raise ValueError(f"replicas: {self.replicas} groups + {self.spares} spares is more than {MAX_GROUPS}; "
                              f"allowed: at most {MAX_GROUPS} in all")

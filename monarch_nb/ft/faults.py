@@ -68,7 +68,6 @@ CLUSTER_KINDS = frozenset({FaultKind.PREEMPT, FaultKind.NODE_DOWN})
 FAILS_NOTHING = frozenset({FaultKind.CORRUPT.value})
 
 
-
 def refuse_corrupt_unless_striped(kind: "FaultKind | str", heal_transport: str) -> None:
     """A ``corrupt`` fault flips a byte of a striped heal: refuse it on a run that heals otherwise."""
     if FaultKind.parse(kind) is FaultKind.CORRUPT and heal_transport != "striped":

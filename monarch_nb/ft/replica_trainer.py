@@ -34,17 +34,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .. import seam
+from .config import is_loopback, refuse_exposure
 from .durable import tensor_bytes as _tensor_bytes
 from .platform import DEVICE_SLOT_ENV, Platform, select_platform
-
-
-def _is_loopback(host: str) -> bool:
-    import ipaddress
-
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return host == "localhost"
 
 
 def _striped_info(transport: Any) -> dict[str, Any]:
@@ -334,11 +326,11 @@ class ReplicaTrainer:
         from .heal_transport import QuorumPeers, interface_address
 
         self._heal_peers = QuorumPeers(timeout)
-        heal_host = interface_address(self.cfg["heal_interface"]) if self.cfg.get("heal_interface") else host
-        if self.cfg.get("job", "local") in ("local", "process") and not self.cfg.get("expose") \
-                and not _is_loopback(heal_host):
-            raise ValueError(f"heal_interface: {self.cfg['heal_interface']!r} has address {heal_host}, not a loopback "
-                             "one; a local run keeps its state on this machine. Set expose=True to serve it there")
+        heal_host = host
+        if self.cfg.get("heal_interface"):
+            heal_host = interface_address(self.cfg["heal_interface"])
+            refuse_exposure("heal_interface", f"{self.cfg['heal_interface']!r} (address {heal_host})", heal_host,
+                            self.cfg.get("job", "local"), bool(self.cfg.get("expose")))
         self.transport = self._heal_transport(str(self.cfg.get("heal_transport") or "striped"), heal_host, pg, timeout)
         return torchft.Manager(
             pg=pg,
@@ -400,7 +392,7 @@ class ReplicaTrainer:
                     return f"http://{host}:{seam.http_transport_port(self)}/checkpoint/"
 
             transport = PeerTransport(timeout=timeout, num_chunks=0)
-            if _is_loopback(host):  # peers are on this machine: nothing else may fetch our state
+            if is_loopback(host):  # peers are on this machine: nothing else may fetch our state
                 seam.rebind_http_transport(transport, host)
         transport.recv_checkpoint = recorded(transport.recv_checkpoint)
         send = transport.send_checkpoint
