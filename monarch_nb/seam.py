@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import re
 import sys
+import time
 import types
+from datetime import timedelta
 from typing import Any, Callable
 
 # ---- Monarch (torchmonarch 0.7.0) ------------------------------------------------------------
@@ -187,9 +189,37 @@ def close_http_transport(transport: Any) -> None:
 
 def shutdown_manager(manager: Any) -> None:
     """Shut a torchft Manager down without waiting for its executor, closing its checkpoint
-    server too (see ``close_http_transport``)."""
+    server too (see ``close_http_transport``). Its ManagerServer (group rank 0 only) stops
+    first: ``Manager.shutdown`` stops it only after the transport, so a transport that fails
+    to stop would leave it heartbeating to the Lighthouse for good."""
+    server = getattr(manager, "_manager", None)
+    if server is not None:
+        server.shutdown()
     manager.shutdown(wait=False)
     close_http_transport(manager._checkpoint_transport)
+
+
+GHOST_MARGIN_S = 0.2  # a heartbeat in flight when the server stopped, and the Lighthouse's tick
+
+
+def retire_manager(manager: Any, heartbeat_timeout: timedelta) -> float:
+    """Shut a Manager down before a new one of the same group joins; returns the seconds waited.
+    torchft 0.2.0's Lighthouse keeps a quorum request as a participant after its caller gave up
+    (a quorum timeout), and counts it while the Manager's last heartbeat is younger than
+    ``heartbeat_timeout``: a new Manager of the group asking within that window gets a quorum
+    with the ghost of its predecessor (participants [1, 1]), whose process group never forms;
+    on a slow host each group then pairs with its own ghost, timeout after timeout. Waiting out
+    the heartbeat timeout after the old server stopped makes the ghost unhealthy first."""
+    stopped = time.monotonic()
+    try:
+        shutdown_manager(manager)
+    except Exception:  # noqa: BLE001 - a half-stopped transport must not keep the group out
+        pass
+    left = heartbeat_timeout.total_seconds() + GHOST_MARGIN_S - (time.monotonic() - stopped)
+    if left > 0:
+        time.sleep(left)
+    return time.monotonic() - stopped
+
 
 
 # ---- torchtitan (0.3.0) ----------------------------------------------------------------------

@@ -110,6 +110,58 @@ def manager():
         lighthouse.stop()
 
 
+def _group_one_manager(lighthouse_address: str, store_port: int):
+    import torchft
+
+    return torchft.Manager(pg=torchft.ProcessGroupGloo(timeout=timedelta(seconds=5)), load_state_dict=lambda s: None,
+                           state_dict=lambda: {}, min_replica_size=1, use_async_quorum=False,
+                           timeout=timedelta(seconds=5), quorum_timeout=timedelta(seconds=1), rank=0, world_size=1,
+                           store_addr="127.0.0.1", store_port=store_port, lighthouse_addr=lighthouse_address,
+                           replica_id="replica_1", hostname="127.0.0.1", init_sync=False)
+
+
+@pytest.mark.parametrize("retire", [False, True], ids=["shutdown_only_leaves_a_ghost", "retire_leaves_none"])
+def test_a_rebuilt_manager_never_gets_a_quorum_with_its_predecessors_ghost(retire):
+    """The quorum-timeout wedge: a Manager whose quorum timed out is replaced. With a plain
+    shutdown, torchft's Lighthouse pairs the new Manager with the old one's request (both
+    replica 1, a quorum whose process group never forms); ``retire_manager`` waits until the
+    old one's heartbeat is stale, and the new one is alone (here: no quorum, two are needed).
+    The first case pins torchft's behaviour: when it fails, the wait may go."""
+    from torch.distributed import TCPStore
+
+    from monarch_nb.ft.lighthouse import Lighthouse, LighthouseSettings
+
+    heartbeat = timedelta(seconds=2)  # longer than building the new Manager takes
+    lighthouse = Lighthouse(LighthouseSettings(min_replicas=2, join_timeout_ms=100,
+                                               heartbeat_timeout_ms=int(heartbeat.total_seconds() * 1000))).start()
+    store = TCPStore("127.0.0.1", 0, world_size=None, is_master=True, wait_for_workers=False)
+    old = _group_one_manager(lighthouse.address, store.port)
+    new = None
+    try:
+        with pytest.raises(TimeoutError):
+            old.start_quorum()  # one group of the two the Lighthouse needs
+        if retire:
+            assert seam.retire_manager(old, heartbeat) >= heartbeat.total_seconds()
+        else:
+            seam.shutdown_manager(old)
+        new = _group_one_manager(lighthouse.address, store.port)
+        recorder = seam.record_quorums(new)
+        if retire:
+            with pytest.raises(TimeoutError):
+                new.start_quorum()
+            assert recorder.last is None
+        else:
+            new.start_quorum()
+            ids = list(recorder.last.replica_ids)
+            assert len(ids) == 2 and all(i.startswith("replica_1:") for i in ids), ids
+    finally:
+        for m in (old, new):
+            if m is not None:
+                seam.shutdown_manager(m)
+        lighthouse.stop()
+        del store  # its listener closes with it (a caught TimeoutError's traceback holds this frame)
+
+
 def test_quorum_recorder_keeps_the_managers_last_quorum_result(manager):
     mgr, pg = manager
     recorder = seam.record_quorums(mgr)

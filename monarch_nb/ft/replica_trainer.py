@@ -186,10 +186,7 @@ class ReplicaTrainer:
         here. The new Manager joins the next quorum of a restarted Lighthouse as the same step,
         so no group loses its state or restarts."""
         state = self.manager.state_dict()
-        try:
-            seam.shutdown_manager(self.manager)
-        except Exception:
-            pass
+        seam.retire_manager(self.manager, timedelta(milliseconds=int(self.cfg.get("heartbeat_timeout_ms", 1000))))
         self.manager = self._build_manager(self.lighthouse, self.host)
         self.manager.load_state_dict(state)
         self.quorum_recorder = seam.record_quorums(self.manager)
