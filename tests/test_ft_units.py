@@ -38,6 +38,8 @@ from monarch_nb.telemetry.events import (
     ({"restart": RestartPolicy(max_restarts=-1)}, "restart.max_restarts", ">= 0"),
     ({"heal_interface": "eth 1"}, "heal_interface", "not a network interface name"),
     ({"heal_interface": "eth1", "heal_transport": "pg"}, "heal_interface", "heal_transport='striped'"),
+    ({"recovery": "torchrun"}, "recovery", "peer, restart, plain_restart"),
+    ({"recovery": "plain_restart", "spares": 1}, "spares", "recovery='peer'"),
 ])
 def test_invalid_config_names_field_and_allowed_values(changes, field, allowed):
     with pytest.raises(ValueError) as err:
@@ -50,6 +52,16 @@ def test_invalid_config_fails_before_any_process_starts(tmp_path):
     with pytest.raises(ValueError, match="replicas"):
         FTRun(RunConfig(replicas=0, runs_root=str(tmp_path)))
     assert not any(tmp_path.iterdir()), "nothing may be created for an invalid run"
+
+
+def test_a_plain_restart_address_names_the_jobs_store_and_its_generation():
+    from monarch_nb.ft.plain import PlainAddress, is_plain
+
+    a = PlainAddress("10.77.0.1", 29500, 3)
+    assert str(a) == "plain://10.77.0.1:29500/3" and PlainAddress.parse(str(a)) == a and is_plain(str(a))
+    assert not is_plain("http://127.0.0.1:29510")
+    with pytest.raises(ValueError, match="not a plain_restart address"):
+        PlainAddress.parse("http://127.0.0.1:29510")
 
 
 def test_a_heal_interface_resolves_to_its_address_or_names_the_ones_there_are():

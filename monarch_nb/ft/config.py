@@ -49,6 +49,11 @@ def refuse_exposure(field: str, shown: str, host: str, job: str, expose: bool) -
                          "machine. Set expose=True to let other hosts connect")
 
 
+RECOVERIES = ("peer", "restart", "plain_restart")
+# every failure restarts the whole run from its newest checkpoint
+RESTARTS = ("restart", "plain_restart")
+
+
 @dataclass(frozen=True)
 class RunConfig:
     """Everything a fault-tolerant run needs, checked by :meth:`validate` before anything starts.
@@ -150,7 +155,10 @@ class RunConfig:
             torchtitan's ``[checkpoint] keep_latest_k``.
         recovery: "peer" (default): a failed group heals from a live peer, the others train on;
             "restart": the traditional way - on any failure every group stops and all restart
-            from the newest durable checkpoint (the baseline bench_goodput.py compares).
+            from the newest durable checkpoint (the baseline bench_goodput.py compares);
+            "plain_restart": the same with no torchft at all - one process group over every
+            group, built once, as a torchtitan job under torchrun runs (ft/plain.py); no spares,
+            and every group must be up for a step (min_replicas is the whole job).
 
     Controller (the notebook kernel):
         poll_interval_s: how often each group's telemetry is drained (default 0.25 s). With
@@ -293,8 +301,11 @@ class RunConfig:
             raise ValueError(f"checkpoint_dir: must be a directory path (or None: inside the run directory), "
                              f"got {self.checkpoint_dir!r}")
         need_int("checkpoint_keep", 1)
-        if self.recovery not in ("peer", "restart"):
-            raise ValueError(f"recovery: unknown value {self.recovery!r}; allowed values: peer, restart")
+        if self.recovery not in RECOVERIES:
+            raise ValueError(f"recovery: unknown value {self.recovery!r}; allowed values: {', '.join(RECOVERIES)}")
+        if self.recovery == "plain_restart" and self.spares:
+            raise ValueError(f"spares: a plain_restart job restarts every process on a failure, a warm spare has "
+                             f"nothing to replace; got spares={self.spares} (use recovery='peer' for spares)")
         if not isinstance(self.restart, RestartPolicy):
             raise ValueError(f"restart: must be a RestartPolicy, got {type(self.restart).__name__}")
         self.restart.validate()

@@ -36,6 +36,7 @@ from typing import Any, Callable
 from .. import seam
 from .config import is_loopback, refuse_exposure
 from .durable import tensor_bytes as _tensor_bytes
+from .plain import PlainReplication, is_plain
 from .platform import DEVICE_SLOT_ENV, Platform, select_platform
 
 
@@ -81,6 +82,12 @@ class _Retry:
     local: Any  # this rank's flattened local gradients
     tokens: int
     compute_s: float
+
+
+class _NoQuorums:
+    """A plain job has no quorums: its recorder never holds one."""
+
+    last = None
 
 
 def _replica_index(replica_id: str) -> int | None:
@@ -173,11 +180,21 @@ class ReplicaTrainer:
         from a peer there). Returns the seconds it took."""
         t0 = time.time()
         self.replica, self.lighthouse = replica, lighthouse
-        self.manager = self._build_manager(lighthouse, self.host)
+        if is_plain(lighthouse):  # recovery="plain_restart": no torchft at all (see plain.py)
+            self.manager = PlainReplication(lighthouse, replica, self.rank, int(self.cfg["replicas"]),
+                                            timedelta(seconds=float(self.cfg.get("pg_timeout_s", 10))),
+                                            self.platform.backend, self._phase)
+            self.ft_pg, self.transport, self.quorum_recorder = self.manager, None, _NoQuorums()
+        else:
+            self.manager = self._build_manager(lighthouse, self.host)
+            self.quorum_recorder = seam.record_quorums(self.manager)
         if self._loaded_step is not None:  # a spare that loaded a checkpoint before it joined
             self.manager.load_state_dict({"step": self._loaded_step, "batches_committed": 0})
-        self.quorum_recorder = seam.record_quorums(self.manager)
         return time.time() - t0
+
+    @property
+    def plain(self) -> bool:
+        return isinstance(self.manager, PlainReplication)
 
     def _new_manager(self) -> None:
         """A fresh torchft Manager with this replica's step: after a quorum request timed out,
@@ -547,6 +564,10 @@ class ReplicaTrainer:
             path, self._pending_load = self._pending_load, None
             self.load_checkpoint(path)
         self._phase("quorum")
+        if self.plain:
+            waiting = self._plain_start()
+            if waiting is not None:
+                return waiting
         try:
             self.manager.start_quorum()
         except TimeoutError as exc:
@@ -669,6 +690,24 @@ class ReplicaTrainer:
         self.emit(rec)
         return rec
 
+    def _plain_start(self) -> dict[str, Any] | None:
+        """recovery="plain_restart": join the job's process group at the first step; once a
+        collective failed (a peer died), stop stepping - the controller restarts the whole job,
+        and this rank's failure report would blame the wrong process."""
+        if self.manager.errored() is None:
+            try:
+                self.manager.start_quorum()
+                return None
+            except Exception as exc:  # noqa: BLE001 - the rendezvous failed: a peer never came
+                self.manager._error = exc
+        if not self._waiting_for_peer:
+            self._waiting_for_peer = True
+            self.emit({"kind": "waiting_for_restart", "replica": self.replica, "rank": self.rank,
+                       "step": self.manager.current_step(), "error": str(self.manager.errored())[:200],
+                       "t": time.time()})
+        time.sleep(0.5)
+        return {"kind": "waiting_for_restart", "step": self.manager.current_step(), "committed": False}
+
     def _comms_retry(self, reason: str, rebuild: bool) -> dict[str, Any]:
         """Cross-replica communication broke through no fault of ours (a peer died during the
         quorum or while its process group was built). Keep the process, model, optimizer and
@@ -693,6 +732,8 @@ class ReplicaTrainer:
     def _is_saver(self, q: Any) -> bool:
         """The lowest-numbered group of the quorum saves durable checkpoints: every group knows
         the quorum, so exactly one of them saves without anyone telling it."""
+        if self.plain:
+            return self.replica == 0
         members = [_replica_index(r) for r in q.replica_ids] if q is not None else []
         members = [m for m in members if m is not None]
         return not members or self.replica == min(members)
@@ -720,6 +761,9 @@ class ReplicaTrainer:
             except Exception:
                 pass
         if self.manager is None:
+            return
+        if self.plain:
+            self.manager.shutdown()
             return
         try:
             seam.shutdown_manager(self.manager)

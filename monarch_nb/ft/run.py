@@ -44,7 +44,7 @@ from ..telemetry.events import (
     Scaled,
     Step,
 )
-from .config import MAX_GROUPS, RunConfig
+from .config import MAX_GROUPS, RESTARTS, RunConfig
 from .durable import META, CheckpointInfo, latest_complete, list_checkpoints, remove_torn
 from .faults import Fault, FaultKind, FaultSchedule, record_firing, refuse_corrupt_unless_striped
 from .groups import GAVE_UP, HEALING, RETIRED, STARTING, STOPPED, TRAINING, GroupTable, ReplicaGroup
@@ -53,6 +53,7 @@ from .identity import IdentityChecks
 from .ingest import EventIngest
 from .injector import FaultInjector
 from .lighthouse import Lighthouse, LighthouseSettings, join_timeout_for
+from .plain import PlainRendezvous
 from .placement import placement_for
 from .platform import check_gpu_sharing, select_platform
 from .supervisor import Supervisor
@@ -146,6 +147,7 @@ class FTRun:
         self._session = session
         self._own_session = session is None
         self.lighthouse: Lighthouse | None = None
+        self.rendezvous: PlainRendezvous | None = None  # recovery="plain_restart" instead of a Lighthouse
         self.groups = GroupTable(cfg.replicas)
         self.identity = IdentityChecks(cfg.group_size, self.events.append)
         self.faults = FaultInjector(cfg.group_size, self.groups, self.fault_log, self._arm_fault,
@@ -272,6 +274,9 @@ class FTRun:
             raise ValueError(f"replicas: must be an integer, got {replicas!r}")
         if not self.started or self.stopped or self.supervisor is None:
             raise RuntimeError("scale: the run is not running (start() it first; a stopped run cannot be resized)")
+        if cfg.recovery == "plain_restart":
+            raise ValueError("scale: a plain_restart job has a fixed world size (one process group over every "
+                             "group, as under torchrun); resize a run with recovery='peer'")
         if not cfg.min_replicas <= replicas <= MAX_GROUPS - cfg.spares:
             raise ValueError(f"replicas: {replicas} is not allowed; allowed: {cfg.min_replicas} (min_replicas) "
                              f"to {MAX_GROUPS - cfg.spares}")
@@ -327,17 +332,20 @@ class FTRun:
             join_ms = cfg.join_timeout_ms
             if self.placement.shares_this_host:
                 join_ms = join_timeout_for(join_ms, (cfg.replicas + cfg.spares) * cfg.group_size, os.cpu_count() or 1)
-            self.lighthouse = Lighthouse(LighthouseSettings(
-                bind=f"{self.placement.bind_host}:0", min_replicas=cfg.min_replicas,
-                join_timeout_ms=join_ms, quorum_tick_ms=cfg.quorum_tick_ms,
-                heartbeat_timeout_ms=cfg.heartbeat_timeout_ms)).start()
-            self.events.append(LighthouseStarted(address=self.lighthouse.address or "?", pid=self.lighthouse.pid,
-                                                 join_timeout_ms=join_ms))
+            if cfg.recovery == "plain_restart":  # no torchft: the job's store instead of a Lighthouse
+                self.rendezvous = PlainRendezvous(self.placement.bind_host)
+            else:
+                self.lighthouse = Lighthouse(LighthouseSettings(
+                    bind=f"{self.placement.bind_host}:0", min_replicas=cfg.min_replicas,
+                    join_timeout_ms=join_ms, quorum_tick_ms=cfg.quorum_tick_ms,
+                    heartbeat_timeout_ms=cfg.heartbeat_timeout_ms)).start()
+                self.events.append(LighthouseStarted(address=self.lighthouse.address or "?",
+                                                     pid=self.lighthouse.pid, join_timeout_ms=join_ms))
             sup = self.supervisor = Supervisor(cfg, self._session, self.groups, self.placement,
                                                EventIngest(cfg.group_size), self.identity, self.events.append,
                                                self.faults.fired_time, self._trainer_args,
                                                lambda: self.lighthouse.address, fired_by=self.faults.fired_by)
-            if cfg.checkpoint_every or cfg.recovery == "restart":
+            if cfg.checkpoint_every or cfg.recovery in RESTARTS:
                 sup.checkpoint_dir = str(self.checkpoint_dir)
             sup.log_dir = str(self.log_dir)
             self._unsubscribe = self._session.on_failure(sup.on_worker_failed)
@@ -355,7 +363,8 @@ class FTRun:
             self.stop(reason="failed to start")
             raise
         sup.watch()
-        threading.Thread(target=self._watch_lighthouse, name="ft-lighthouse-watch", daemon=True).start()
+        if self.lighthouse is not None:
+            threading.Thread(target=self._watch_lighthouse, name="ft-lighthouse-watch", daemon=True).start()
         if sup.spares is not None:
             sup.spares.fill()  # in the background, after the groups: they compete for the same cores
         return self
@@ -363,13 +372,21 @@ class FTRun:
     def _trainer_args(self, g: ReplicaGroup | None, store_port: int | None) -> tuple:
         """TrainerActor's arguments for group ``g``, or for a warm spare (``g`` None: no replica
         and no Lighthouse until it is activated)."""
-        assert self.lighthouse is not None and self.lighthouse.address
         worker_cfg = {**self.config.to_dict(), "restart": None, "run_id": self.run_id,
                       "checkpoint_dir": str(self.checkpoint_dir),
                       "advertise_host": self.config.advertise_host or self.placement.advertise_host}
         if g is None:
             return (worker_cfg, None, None, store_port, self.data_dir, self.fault_log, 0)
-        return (worker_cfg, g.index, self.lighthouse.address, store_port, self.data_dir, self.fault_log, g.attempts)
+        return (worker_cfg, g.index, self._coordinator(g), store_port, self.data_dir, self.fault_log, g.attempts)
+
+    def _coordinator(self, g: ReplicaGroup) -> str:
+        """Where group ``g`` finds the others: the Lighthouse, or (plain_restart) the job's store
+        with the job's generation - every failure restarts all groups, so their attempt counts
+        move together and one start of the job is one generation."""
+        if self.rendezvous is not None:
+            return self.rendezvous.address(g.attempts)
+        assert self.lighthouse is not None and self.lighthouse.address
+        return self.lighthouse.address
 
     def _watch_lighthouse(self) -> None:
         """The Lighthouse is watched like any other process: if it dies it is restarted on the
@@ -544,6 +561,8 @@ class FTRun:
         self.placement.close()
         if self.lighthouse is not None:
             self.lighthouse.stop()
+        if self.rendezvous is not None:
+            self.rendezvous.stop()
         phase("lighthouse")
         self.events.append(RunStopped(run_id=self.run_id, reason=reason))
         self._draw_final_dashboard()

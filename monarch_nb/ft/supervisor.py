@@ -38,7 +38,7 @@ from ..telemetry.events import (
 )
 from .durable import latest_complete
 from .faults import ENDS_PROCESS
-from .config import RunConfig
+from .config import RESTARTS, RunConfig
 from .groups import (
     FAILED,
     FINISHED,
@@ -460,8 +460,8 @@ class Supervisor:
         """What this run does when a rank of ``mesh`` fails (the notice says it after the fault)."""
         if not mesh.startswith("replica"):
             return "the spare is discarded and another one built"
-        if self.config.recovery == "restart":
-            return "recovery='restart': every group stops and restarts from the newest checkpoint"
+        if self.config.recovery in RESTARTS:
+            return f"recovery={self.config.recovery!r}: every group stops and restarts from the newest checkpoint"
         spare = " (a warm spare if one is ready)" if self.spares is not None else ""
         return f"its group is torn down and replaced{spare}; the replacement heals from a live peer"
 
@@ -603,7 +603,7 @@ class Supervisor:
             self._restarting.clear()
 
     def recover(self, g: ReplicaGroup, failure: Failure) -> None:
-        if self.config.recovery == "restart":
+        if self.config.recovery in RESTARTS:
             if not self._restarting.is_set():
                 self.restart_all(g, failure)
             return

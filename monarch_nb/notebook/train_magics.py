@@ -18,6 +18,7 @@ from typing import Any
 from IPython.core.error import UsageError
 
 from ..errors import Interrupted
+from ..ft.config import RECOVERIES
 from ..ft.faults import CLUSTER_KINDS, FaultKind
 from .args import non_negative_int, positive_float, positive_int
 from .progress import Line, Progress
@@ -59,8 +60,9 @@ def add_training_commands(sub: Any) -> None:
     train.add_argument("--checkpoint-every", type=positive_int, default=None, metavar="K",
                        help="a durable checkpoint (torch DCP, asynchronous) every K committed steps")
     train.add_argument("--checkpoint-dir", default=None, help="where checkpoints go (default: in the run directory)")
-    train.add_argument("--recovery", default=None, choices=["peer", "restart"],
-                       help="peer (default): heal from a live peer; restart: every group restarts from disk")
+    train.add_argument("--recovery", default=None, choices=list(RECOVERIES),
+                       help="peer (default): heal from a live peer; restart: every group restarts from disk; "
+                            "plain_restart: the same without torchft (one process group, as torchrun runs it)")
     train.add_argument("--resume", default=None, metavar="RUN_DIR",
                        help="continue a run from its newest durable checkpoint (same run id and event log)")
     train.add_argument("--no-wait", action="store_true", help="return before the first step is committed")

@@ -1,0 +1,152 @@
+"""recovery="plain_restart": data parallelism across groups as a torchtitan job without torchft.
+
+The baseline users run today: every rank of every group in one job, gradients averaged by a
+plain ``torch.distributed`` process group built once at start (torchrun's rendezvous), durable
+checkpoints with torch DCP, and on any failure the whole job restarted from the newest one
+(torchelastic's answer). No Lighthouse, no Manager, no quorum per step: a plain job does not pay
+for them, so the race against peer recovery is against the old way at its best.
+
+:class:`PlainRendezvous` is the job's store, in the controller (where torchrun's c10d
+rendezvous would be). :class:`PlainReplication` is each rank's side: the few calls of torchft's
+Manager that the trainer's step makes, so the step is the same code in every mode.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+SCHEME = "plain://"
+
+
+@dataclass(frozen=True)
+class PlainAddress:
+    """Where the job's store is and which start of the job this is: every restart of the job
+    is a new generation, whose process groups use their own keys in the same store."""
+
+    host: str
+    port: int
+    generation: int
+
+    def __str__(self) -> str:
+        return f"{SCHEME}{self.host}:{self.port}/{self.generation}"
+
+    @staticmethod
+    def parse(text: str) -> "PlainAddress":
+        if not text.startswith(SCHEME):
+            raise ValueError(f"not a plain_restart address: {text!r} (expected {SCHEME}HOST:PORT/GENERATION)")
+        hostport, _, generation = text[len(SCHEME):].partition("/")
+        host, _, port = hostport.rpartition(":")
+        return PlainAddress(host, int(port), int(generation or 0))
+
+
+def is_plain(address: str | None) -> bool:
+    return bool(address) and str(address).startswith(SCHEME)
+
+
+class PlainRendezvous:
+    """The job's TCPStore, served by the controller; workers connect as clients."""
+
+    def __init__(self, host: str) -> None:
+        from torch.distributed import TCPStore
+
+        self.host = host
+        self._store = TCPStore(host, 0, world_size=None, is_master=True, wait_for_workers=False,
+                               timeout=timedelta(seconds=60))
+        self.port = int(self._store.port)
+
+    def address(self, generation: int) -> str:
+        return str(PlainAddress(self.host, self.port, generation))
+
+    def stop(self) -> None:
+        self._store = None  # the listener closes with the store
+
+
+class _Done:
+    def wait(self) -> bool:
+        return True
+
+
+class PlainReplication:
+    """One rank's share of the job-wide data parallelism: ranks at the same position of every
+    group average their gradients (the replicate dimension of HSDP). The process group is built
+    at the first step (every rank of the job must arrive: the rendezvous). A failed collective
+    (a peer died) is not this rank's fault: it stops stepping and waits for the controller, which
+    restarts the whole job."""
+
+    def __init__(self, address: str, replica: int, rank: int, replicas: int, timeout: timedelta,
+                 backend: str, phase: Any) -> None:
+        self.address = PlainAddress.parse(address)
+        self.replica, self.rank, self.replicas = replica, rank, replicas
+        self._timeout, self._backend, self._phase = timeout, backend, phase
+        self._pg: Any = None
+        self._error: BaseException | None = None
+        self._step = 0
+        self.rendezvous_s: float | None = None
+
+    # ---- the Manager calls the step makes ---------------------------------------------------
+
+    def start_quorum(self) -> None:
+        if self._pg is None and self._error is None:
+            self._connect()
+
+    def _connect(self) -> None:
+        import torch.distributed as dist
+
+        self._phase("pg_setup")
+        t0 = time.time()
+        store = dist.TCPStore(self.address.host, self.address.port, is_master=False, wait_for_workers=False,
+                              timeout=self._timeout)
+        prefixed = dist.PrefixStore(f"plain/{self.address.generation}/rank{self.rank}", store)
+        if self._backend == "nccl":
+            self._pg = dist.ProcessGroupNCCL(prefixed, self.replica, self.replicas)
+        else:
+            self._pg = dist.ProcessGroupGloo(prefixed, self.replica, self.replicas, self._timeout)
+        self.rendezvous_s = time.time() - t0
+
+    def allreduce(self, tensor: Any) -> _Done:
+        """Average ``tensor`` over the groups in place; a failure is recorded, not raised."""
+        if self._error is not None or self._pg is None:
+            return _Done()
+        try:
+            self._pg.allreduce([tensor]).wait()
+            tensor.div_(self.replicas)
+        except Exception as exc:  # noqa: BLE001 - a peer died in the collective
+            self._error = exc
+        return _Done()
+
+    def errored(self) -> BaseException | None:
+        return self._error
+
+    def should_commit(self) -> bool:
+        if self._error is not None:
+            return False
+        self._step += 1
+        return True
+
+    def current_step(self) -> int:
+        return self._step
+
+    def num_participants(self) -> int:
+        return self.replicas
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._step = int(state["step"])
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"step": self._step, "batches_committed": 0}
+
+    def abort(self) -> None:
+        """The ``comms`` fault: this rank's communicator is gone for good."""
+        self._error = self._error or RuntimeError("the job's process group was aborted")
+        pg, self._pg = self._pg, None
+        if pg is not None and hasattr(pg, "abort"):
+            try:
+                pg.abort()
+            except Exception:  # noqa: BLE001
+                pass
+
+    def shutdown(self, wait: bool = False) -> None:
+        self._pg = None
