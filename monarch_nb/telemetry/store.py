@@ -166,7 +166,9 @@ class EventStore:
         else how many bytes of the file hold every event so far (read them outside the lock)."""
         if not self._evicted or (since and self._events and self._events[0].t < since - CLOCK_SKEW_S):
             return list(self._events)
-        assert self._file is not None and self.path is not None
+        assert self.path is not None
+        if self._file is None:  # closed (the run stopped): the file holds every event
+            return os.path.getsize(self.path)
         self._file.flush()
         return os.fstat(self._file.fileno()).st_size
 
