@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from monarch_nb.ft import RestartPolicy, RunConfig
+from monarch_nb.ft import RespawnPolicy, RunConfig
 from monarch_nb.ft.config import MODELS
 from monarch_nb.ft.jobfile import SECTIONS, describe_sections
 
@@ -33,7 +33,7 @@ def test_the_shipped_example_loads_into_a_valid_config():
     assert (cfg.steps, cfg.seq_len, cfg.batch_size, cfg.lr, cfg.warmup_steps) == (200, 64, 2, 8e-4, 2)
     assert cfg.pg_timeout_s == 10.0 and cfg.hang_timeout_s == 5.0
     assert cfg.checkpoint_every is None and cfg.checkpoint_dir == "checkpoint" and cfg.checkpoint_keep == 3
-    assert cfg.restart.max_restarts == 10
+    assert cfg.respawn.max_respawns == 10
 
 
 def test_keyword_overrides_replace_what_the_file_says():
@@ -83,8 +83,8 @@ def test_every_supported_torchtitan_key_lands_on_its_runconfig_field(tmp_path):
         job = "slurm"
         hang_timeout_s = 8
         env = { FOO = "bar" }
-        [monarch_nb.restart]
-        max_restarts = 4
+        [monarch_nb.respawn]
+        max_respawns = 4
         backoff_s = 0.5
     """)
     cfg = RunConfig.from_toml(path)
@@ -94,7 +94,7 @@ def test_every_supported_torchtitan_key_lands_on_its_runconfig_field(tmp_path):
     assert (cfg.checkpoint_every, cfg.checkpoint_dir, cfg.checkpoint_keep) == (10, "ckpt", 2)
     assert (cfg.spares, cfg.partition, cfg.job) == (1, "debug", "slurm")
     assert cfg.hang_timeout_s == 8.0 and cfg.env == {"FOO": "bar"}
-    assert cfg.restart == dataclasses.replace(RestartPolicy(), max_restarts=4, backoff_s=0.5)
+    assert cfg.respawn == dataclasses.replace(RespawnPolicy(), max_respawns=4, backoff_s=0.5)
 
 
 def test_older_torchtitan_names_and_defaults(tmp_path):
@@ -128,7 +128,7 @@ def test_an_empty_file_is_the_default_config(tmp_path):
     ("[optimizer]\nlr = true\n", "[optimizer] lr: expected a number, got True (true/false)"),
     ("[monarch_nb]\ncheck_identical = 1\n", "[monarch_nb] check_identical: expected true or false, got 1"),
     ("[monarch_nb]\nenv = { A = 1 }\n", "[monarch_nb] env.A: expected a string, got 1 (an integer)"),
-    ("[monarch_nb.restart]\nretries = 1\n", "[monarch_nb] restart.retries: unknown key; allowed keys: max_restarts"),
+    ("[monarch_nb.respawn]\nretries = 1\n", "[monarch_nb] respawn.retries: unknown key; allowed keys: max_respawns"),
     ("[model]\nname = \"deepseek_v3\"\n", "[model] name: 'deepseek_v3' is not supported; monarch_nb trains"),
     ("[optimizer]\nname = \"Muon\"\n", "[optimizer] name: 'Muon' is not supported; monarch_nb trains with AdamW"),
     ("[fault_tolerance]\nenable = false\n", "[fault_tolerance] enable: False is not supported; monarch_nb always"),
@@ -142,7 +142,7 @@ def test_an_empty_file_is_the_default_config(tmp_path):
     ("[model]\nflavor = \"2B\"\n", "[model] flavor: unknown model '2B'; allowed values: tiny, debugmodel, debug4x, small, medium, 1B"),
     ("[fault_tolerance]\ngroup_size = 2\nmin_replica_size = 3\n",
      "[fault_tolerance] min_replica_size: 3 exceeds replicas (2)"),
-    ("[monarch_nb.restart]\nmax_restarts = -1\n", "[monarch_nb] restart.max_restarts: must be an integer >= 0"),
+    ("[monarch_nb.respawn]\nmax_respawns = -1\n", "[monarch_nb] respawn.max_respawns: must be an integer >= 0"),
     ("[training\nsteps = 1\n", "not valid TOML"),
 ])
 def test_errors_name_the_section_and_key_and_what_is_allowed(tmp_path, text, expected):

@@ -1,4 +1,4 @@
-"""Fault-tolerance layer, the parts that need no process: config validation, restart policy,
+"""Fault-tolerance layer, the parts that need no process: config validation, respawn policy,
 fault specs and schedules, platform choice, the tiny data set, and history from a log."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import types
 
 import pytest
 
-from monarch_nb.ft import Fault, FaultKind, FaultSchedule, RestartPolicy, RunConfig, open_run, select_platform
+from monarch_nb.ft import Fault, FaultKind, FaultSchedule, RespawnPolicy, RunConfig, open_run, select_platform
 from monarch_nb.ft.run import FTRun
 from monarch_nb.ft.platform import check_gpu_sharing
 from monarch_nb.telemetry import EventStore
@@ -35,7 +35,7 @@ from monarch_nb.telemetry.events import (
     ({"job": "yarn"}, "job", "local, process, slurm, kubernetes"),
     ({"min_replicas": 4}, "min_replicas", "1..3"),
     ({"hang_timeout_s": 0.1}, "hang_timeout_s", "poll_interval_s"),
-    ({"restart": RestartPolicy(max_restarts=-1)}, "restart.max_restarts", ">= 0"),
+    ({"respawn": RespawnPolicy(max_respawns=-1)}, "respawn.max_respawns", ">= 0"),
     ({"heal_interface": "eth 1"}, "heal_interface", "not a network interface name"),
     ({"heal_interface": "eth1", "heal_transport": "pg"}, "heal_interface", "heal_transport='striped'"),
     ({"recovery": "torchrun"}, "recovery", "peer, restart, plain_restart"),
@@ -73,29 +73,33 @@ def test_a_heal_interface_resolves_to_its_address_or_names_the_ones_there_are():
 
 
 def test_config_round_trips_through_a_dict():
-    cfg = RunConfig(replicas=2, restart=RestartPolicy(max_restarts=3, backoff_s=0.5))
+    cfg = RunConfig(replicas=2, respawn=RespawnPolicy(max_respawns=3, backoff_s=0.5))
     assert RunConfig.from_dict(json.loads(json.dumps(cfg.to_dict()))) == cfg
     with pytest.raises(ValueError, match="^bogus: unknown config field"):
         RunConfig.from_dict({"bogus": 1})
+    # a run recorded before the respawn policy had its own name resumes with it
+    old = {**cfg.to_dict(), "restart": {"max_restarts": 3, "backoff_s": 0.5}}
+    del old["respawn"]
+    assert RunConfig.from_dict(old) == cfg
 
 
-# ---- restart policy -----------------------------------------------------------------------
+# ---- respawn policy -----------------------------------------------------------------------
 
 
-def test_restart_policy_retries_at_once_then_backs_off_up_to_a_cap_then_gives_up():
-    p = RestartPolicy(max_restarts=5, backoff_s=1.0, backoff_factor=2.0, max_backoff_s=5.0)
+def test_respawn_policy_retries_at_once_then_backs_off_up_to_a_cap_then_gives_up():
+    p = RespawnPolicy(max_respawns=5, backoff_s=1.0, backoff_factor=2.0, max_backoff_s=5.0)
     # the first attempt after the group trained is immediate; attempts in a row back off
     assert [p.wait_before(n) for n in range(1, 7)] == [0.0, 1.0, 2.0, 4.0, 5.0, 5.0]
     assert [p.allows(n) for n in (1, 5, 6)] == [True, True, False]  # attempts in a row
-    assert not RestartPolicy(max_restarts=0).allows(1)
+    assert not RespawnPolicy(max_respawns=0).allows(1)
 
 
 @pytest.mark.parametrize("policy, field", [
-    (RestartPolicy(backoff_s=-1), "restart.backoff_s"),
-    (RestartPolicy(backoff_factor=0.5), "restart.backoff_factor"),
-    (RestartPolicy(backoff_s=10, max_backoff_s=1), "restart.max_backoff_s"),
+    (RespawnPolicy(backoff_s=-1), "respawn.backoff_s"),
+    (RespawnPolicy(backoff_factor=0.5), "respawn.backoff_factor"),
+    (RespawnPolicy(backoff_s=10, max_backoff_s=1), "respawn.max_backoff_s"),
 ])
-def test_restart_policy_rejects_nonsense(policy, field):
+def test_respawn_policy_rejects_nonsense(policy, field):
     with pytest.raises(ValueError, match=f"^{field}:"):
         policy.validate()
 
@@ -496,7 +500,7 @@ def test_wait_rejoin_names_what_it_waited_for_and_how_far_it_got(unstarted_run):
                                            r"\(replica 1 healing\)"):
         wait_for_rejoin(run, timeout=0.2)
     _later(run, 0.1, GaveUp(replica=1, attempts=10))
-    with pytest.raises(RuntimeError, match="replica 1 will not rejoin: the restart policy gave up on it after 10"):
+    with pytest.raises(RuntimeError, match="replica 1 will not rejoin: the respawn policy gave up on it after 10"):
         wait_for_rejoin(run, timeout=10)
 
 

@@ -187,8 +187,10 @@ class _Supervised:
                               lambda: "")
 
     def _check(self, what: str) -> None:
-        for name, lock in (("GroupTable.lock", self.groups.lock), ("_lost_lock", self.sup._lost_lock),
-                           ("_restart_lock", self.sup._restart_lock)):
+        locks = [("GroupTable.lock", self.groups.lock), ("_lost_lock", self.sup._lost_lock)]
+        if hasattr(self.sup.policy, "lock"):  # recovery="restart"
+            locks.append(("CheckpointRestart.lock", self.sup.policy.lock))
+        for name, lock in locks:
             if not _free(lock):
                 self.held.append(f"{name} held during {what}")
 
@@ -208,14 +210,14 @@ def test_no_lock_is_held_across_a_trainer_call_or_an_emit():
 
 def test_a_restart_of_every_group_holds_no_lock_across_its_calls(monkeypatch):
     """recovery="restart": one thread tears every group down and brings it back; it used to
-    hold _restart_lock all along (down_many, spawns, trainer calls, emits)."""
+    hold its lock all along (down_many, spawns, trainer calls, emits)."""
     import monarch_nb.ft.supervisor as supervisor
 
     monkeypatch.setattr(supervisor, "_trainer_class", lambda: object)  # no monarch, no torch
     s = _Supervised(recovery="restart")
-    s.sup.restart_all(s.groups[0], Failure("killed", 0, 0.0, "pid"))
+    s.sup.recover(s.groups[0], Failure("killed", 0, 0.0, "pid"))
     assert [g.attempts for g in s.groups] == [1, 1]
-    assert {"start", "poll"} <= set(s.calls) and not s.sup._restarting.is_set()
+    assert {"start", "poll"} <= set(s.calls) and not s.sup.policy.busy()
     assert not s.held, s.held
 
 

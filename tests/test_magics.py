@@ -306,12 +306,12 @@ def test_train_config_reads_the_job_file_and_flags_override_it(shell, monkeypatc
     magics = shell.magics_manager.registry["MonarchMagics"]
     try:
         with capture_output() as out:
-            shell.run_line_magic("monarch", f"train --config {EXAMPLE} --steps 50 --model small --max-restarts 2")
+            shell.run_line_magic("monarch", f"train --config {EXAMPLE} --steps 50 --model small --max-respawns 2")
     finally:
         magics.training.run = None
         shell.user_ns.pop("run", None)
     cfg = made[0].config
-    assert (cfg.steps, cfg.model, cfg.restart.max_restarts) == (50, "small", 2)  # the flags
+    assert (cfg.steps, cfg.model, cfg.respawn.max_respawns) == (50, "small", 2)  # the flags
     assert (cfg.replicas, cfg.seq_len, cfg.hang_timeout_s) == (3, 64, 5.0)  # the file
     assert f"from {EXAMPLE}" in out.stdout
 

@@ -3,7 +3,7 @@
 :class:`RunConfig` is a frozen dataclass: replica groups and their size, the torchtitan
 model flavour, the train step's shape (sequence length, batch, learning rate), torchft's
 timing knobs (heartbeat, quorum, process-group timeout), how the controller decides that
-a group is hung, the restart policy and the platform. ``validate()`` raises ``ValueError``
+a group is hung, the respawn policy and the platform. ``validate()`` raises ``ValueError``
 naming the offending field and the values it accepts; ``FTRun`` calls it first.
 ``RunConfig.from_toml(path)`` reads a torchtitan-style job file (:mod:`.jobfile` holds the
 mapping of its sections and keys); ``help(RunConfig)`` documents every field.
@@ -21,7 +21,7 @@ from typing import Any
 from .flavors import FLAVOR_NAMES
 from .jobfile import read_job_file
 from .platform import PLATFORMS
-from .restart import RestartPolicy
+from .respawn import RespawnPolicy
 
 # Llama 3 flavours: torchtitan 0.3.0's (torchtitan.models.llama3.llama3_configs) and monarch_nb's
 # "small" and "medium" (monarch_nb/ft/flavors.py), smallest first. Listed without importing
@@ -171,9 +171,9 @@ class RunConfig:
             (4x): a starved or overloaded process is not hung (``Supervisor.hang_deadline``).
         init_timeout_s: how long building a group's trainers may take (imports, model and
             optimizer), at start and at every respawn (default 180 s).
-        restart: :class:`RestartPolicy`: how many times a failed group is brought back and
+        respawn: :class:`RespawnPolicy`: how many times a failed group is brought back and
             how long to wait between attempts in a row (default: up to 10 per group over the
-            run, with a growing wait; see ``help(RestartPolicy)``).
+            run, with a growing wait; see ``help(RespawnPolicy)``).
         check_identical: after every rejoin, prove the replicas bit-identical by hashing
             parameters and optimizer state at a common step (default True).
         runs_root: where run directories go (None, default: $MONARCH_NB_RUNS, else ./runs).
@@ -228,7 +228,7 @@ class RunConfig:
     poll_interval_s: float = 0.25  # how often each group's telemetry is drained
     hang_timeout_s: float = 5.0  # a group that answers nothing for this long is hung
     init_timeout_s: float = 180.0  # actor construction (imports, model build)
-    restart: RestartPolicy = field(default_factory=RestartPolicy)  # respawns per group, backoff
+    respawn: RespawnPolicy = field(default_factory=RespawnPolicy)  # respawns per group, backoff
     check_identical: bool = True  # hash parameters + optimizer state after every heal
     runs_root: str | None = None  # default: $MONARCH_NB_RUNS or ./runs
     run_name: str | None = None  # default: a timestamp
@@ -306,9 +306,9 @@ class RunConfig:
         if self.recovery == "plain_restart" and self.spares:
             raise ValueError(f"spares: a plain_restart job restarts every process on a failure, a warm spare has "
                              f"nothing to replace; got spares={self.spares} (use recovery='peer' for spares)")
-        if not isinstance(self.restart, RestartPolicy):
-            raise ValueError(f"restart: must be a RestartPolicy, got {type(self.restart).__name__}")
-        self.restart.validate()
+        if not isinstance(self.respawn, RespawnPolicy):
+            raise ValueError(f"respawn: must be a RespawnPolicy, got {type(self.respawn).__name__}")
+        self.respawn.validate()
         if not isinstance(self.env, dict) or not all(isinstance(k, str) and isinstance(v, str)
                                                      for k, v in self.env.items()):
             raise ValueError("env: must map str to str")
@@ -330,12 +330,17 @@ class RunConfig:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "RunConfig":
         data = dict(data)
+        if isinstance(data.get("restart"), dict) and "respawn" not in data:  # a run recorded before the rename
+            old = dict(data.pop("restart"))
+            if "max_restarts" in old:
+                old["max_respawns"] = old.pop("max_restarts")
+            data["respawn"] = old
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
             raise ValueError(f"{unknown[0]}: unknown config field; allowed fields: {', '.join(sorted(known))}")
-        if isinstance(data.get("restart"), dict):
-            data["restart"] = RestartPolicy(**data["restart"])
+        if isinstance(data.get("respawn"), dict):
+            data["respawn"] = RespawnPolicy(**data["respawn"])
         return cls(**data)
 
     @classmethod
@@ -348,7 +353,7 @@ class RunConfig:
         ``[parallelism]`` data_parallel_shard_degree; ``[fault_tolerance]`` enable, group_size
         (the number of replica groups), replica_id, min_replica_size, process_group,
         process_group_timeout_ms; ``[checkpoint]`` enable, interval, folder, keep_latest_k; and
-        ``[monarch_nb]`` with any RunConfig field by name (``[monarch_nb.restart]``,
+        ``[monarch_nb]`` with any RunConfig field by name (``[monarch_nb.respawn]``,
         ``[monarch_nb.env]`` for the nested ones). ``monarch_nb.ft.jobfile.SECTIONS`` is the
         full table. Anything else raises ``ValueError`` naming the section and key and what
         that section supports; so does a value of the wrong type, a field set twice, and a

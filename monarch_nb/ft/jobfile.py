@@ -4,7 +4,7 @@ torchtitan users describe a job in a TOML file with sections such as ``[model]``
 ``[training]``, ``[optimizer]``, ``[fault_tolerance]`` and ``[checkpoint]`` (torchtitan up to
 0.2; 0.3.0 configures jobs in Python and ships no TOML). :data:`SECTIONS` maps the keys
 monarch_nb supports onto RunConfig fields; a ``[monarch_nb]`` section takes any RunConfig
-field by its own name (sub-tables ``[monarch_nb.restart]`` and ``[monarch_nb.env]``).
+field by its own name (sub-tables ``[monarch_nb.respawn]`` and ``[monarch_nb.env]``).
 
 Anything else is refused by name, listing what that section supports: a key that was
 silently ignored would be a setting the user believes in and the run does not apply. Type

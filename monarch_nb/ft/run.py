@@ -372,7 +372,7 @@ class FTRun:
     def _trainer_args(self, g: ReplicaGroup | None, store_port: int | None) -> tuple:
         """TrainerActor's arguments for group ``g``, or for a warm spare (``g`` None: no replica
         and no Lighthouse until it is activated)."""
-        worker_cfg = {**self.config.to_dict(), "restart": None, "run_id": self.run_id,
+        worker_cfg = {**self.config.to_dict(), "respawn": None, "run_id": self.run_id,
                       "checkpoint_dir": str(self.checkpoint_dir),
                       "advertise_host": self.config.advertise_host or self.placement.advertise_host}
         if g is None:

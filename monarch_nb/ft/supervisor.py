@@ -28,17 +28,14 @@ from ..telemetry.events import (
     CheckpointLoadFailed,
     Event,
     FailureDetected,
-    GaveUp,
     ReplicaState,
-    RestartedFromCheckpoint,
-    Respawned,
     Resumed,
     TornDown,
     WorkerExitReported,
 )
 from .durable import latest_complete
 from .faults import ENDS_PROCESS
-from .config import RESTARTS, RunConfig
+from .config import RunConfig
 from .groups import (
     FAILED,
     FINISHED,
@@ -58,6 +55,7 @@ from .groups import (
 from .identity import IdentityChecks
 from .ingest import EventIngest, HashReport, HashSkipped, unseen
 from .placement import Placement
+from .policies import RecoveryPolicy, policy_for
 from .platform import DEVICE_SLOT_ENV
 from .spares import Spare, SparePool
 
@@ -101,8 +99,6 @@ class Supervisor:
         self._lost_lock = threading.Lock()
         self._lost_episode = False  # reset once a group trains again
         self._resume_again_at: float | None = None  # a failed resume is tried again after this
-        self._restart_lock = threading.Lock()  # guards the claim of _restarting (one thread restarts all)
-        self._restarting = threading.Event()
         self._poll_deadlines: dict[int, float] = {}  # per group index; written by that group's thread only
         self._acks_lock = threading.Lock()  # never held across a call
         self._acks: dict[int, tuple[Any, dict[int, int]]] = {}  # group -> (its actors, rank -> last event held)
@@ -111,6 +107,7 @@ class Supervisor:
         if config.spares:
             self.spares = SparePool(config.spares, self.build_spare, self.teardown_spare, emit)
         self.stopping = threading.Event()
+        self.policy: RecoveryPolicy = policy_for(self)
         self.spawned_pids: list[int] = []  # every worker process started (orphan checks)
         self._threads: list[threading.Thread] = []
 
@@ -153,7 +150,11 @@ class Supervisor:
         the slowest one's time, not the sum (on a cluster each group's node does its own work).
         Returns each group's acquisition time by index; the first error is raised once every
         spawn has ended."""
-        return in_parallel(groups, self.spawn, "ft-spawn")
+        return self.at_once(groups, self.spawn, "ft-spawn")
+
+    def at_once(self, groups: list[ReplicaGroup], fn: Callable[[ReplicaGroup], Any], name: str) -> dict[int, Any]:
+        """``fn`` for every group in parallel threads (see ``in_parallel``)."""
+        return in_parallel(groups, fn, name)
 
     # ---- warm spares -------------------------------------------------------------------
 
@@ -327,7 +328,7 @@ class Supervisor:
             g.wake.clear()
             if self.stopping.is_set() or getattr(self.session, "_closed", False) or g.state in TERMINAL:
                 return
-            if self._restarting.is_set():  # every group is being restarted from disk by one thread
+            if self.policy.busy():  # every group is being restarted from disk by one thread
                 continue
             if g.state in (HEALING, WAITING) and self._finish_if_run_is_over(g):
                 return
@@ -460,10 +461,7 @@ class Supervisor:
         """What this run does when a rank of ``mesh`` fails (the notice says it after the fault)."""
         if not mesh.startswith("replica"):
             return "the spare is discarded and another one built"
-        if self.config.recovery in RESTARTS:
-            return f"recovery={self.config.recovery!r}: every group stops and restarts from the newest checkpoint"
-        spare = " (a warm spare if one is ready)" if self.spares is not None else ""
-        return f"its group is torn down and replaced{spare}; the replacement heals from a live peer"
+        return self.policy.action()
 
     def report(self, g: ReplicaGroup, failure: Failure) -> None:
         """The failure as the notebook shows it: one notice per failed rank, naming the fault
@@ -554,100 +552,23 @@ class Supervisor:
         self.groups.rewind_progress(0)  # a group respawned from here on trains from the start as well
         return [g.index for g in waiting]
 
-    # ---- restart mode (the traditional way) ----------------------------------------------
-
-    def restart_all(self, g: ReplicaGroup, failure: Failure) -> None:
-        """recovery="restart": a failure stops every group and all restart from the newest
-        durable checkpoint (from the start when there is none). One thread does it; failures
-        the restart itself causes in the other groups are not recoveries of their own."""
-        with self._restart_lock:  # claim the restart; held for the claim only, never across the calls below
-            if self._restarting.is_set():
-                return
-            self._restarting.set()
-        try:
-            fired = self._fired_time(g.index)
-            self._emit(FailureDetected(t=failure.t, replica=g.index, rank=failure.rank, reason=failure.reason,
-                                       detection_s=(failure.t - fired) if fired else None, source=failure.source,
-                                       stack=failure.stack))
-            groups = self.groups.active()
-            for h in groups:
-                self.set_state(h, FAILED if h is g else RESPAWNING, failure.reason[:200] if h is g else "restart")
-            self.report(g, failure)
-            t0 = time.monotonic()
-            self.session.down_many([h.name for h in groups], kill=True)
-            self._emit(TornDown(replica=g.index, seconds=time.monotonic() - t0))
-            last = self.last_recorded_step()  # read once no group trains: a poll in flight has landed
-            checkpoint = latest_complete(self.checkpoint_dir) if self.checkpoint_dir else None
-            start = time.time()
-            for h in groups:
-                self.groups.begin_attempt(h)
-                self.set_state(h, RESPAWNING, f"restart from {'step ' + str(checkpoint.step) if checkpoint else 'scratch'}")
-            acquired_s = self.spawn_all(groups)[g.index]
-            self._emit(Acquired(t=start + acquired_s, replica=g.index, how="spawn", seconds=acquired_s))
-            for h in groups:
-                self.wait_ready(h, time.monotonic() + self.config.init_timeout_s)
-            for h in groups:
-                self.ingest.expect_rejoin(h.index, (fired or failure.t) if h is g else time.time())
-                self.set_state(h, HEALING, "loading the checkpoint" if checkpoint else "from scratch")
-
-            def load(h: ReplicaGroup) -> None:  # each group reads the checkpoint itself, all at once
-                self.start_training(h, resume_from=str(checkpoint.path) if checkpoint else None)
-
-            in_parallel(groups, load, "ft-restart")
-            self._emit(Respawned(replica=g.index, attempt=g.attempts, seconds=time.time() - start))
-            self._emit(RestartedFromCheckpoint(step=checkpoint.step if checkpoint else 0,
-                                               checkpoint=str(checkpoint.path) if checkpoint else None,
-                                               lost_steps=max(0, last - (checkpoint.step if checkpoint else 0)),
-                                               seconds=time.time() - start))
-        finally:
-            self._restarting.clear()
+    # ---- recovery: one policy per mode (policies.py) ---------------------------------------
 
     def recover(self, g: ReplicaGroup, failure: Failure) -> None:
-        if self.config.recovery in RESTARTS:
-            if not self._restarting.is_set():
-                self.restart_all(g, failure)
-            return
-        fired = self._fired_time(g.index)
-        self.ingest.expect_rejoin(g.index, fired or failure.t)
+        """Bring the run back from ``g``'s failure, the way ``config.recovery`` says."""
+        self.policy.recover(g, failure)
+
+    def fired_time(self, g: ReplicaGroup) -> float | None:
+        """When the fault behind ``g``'s failure was injected, if it was; asked once per failure
+        (the injector hands each firing out once)."""
+        return self._fired_time(g.index)
+
+    def announce(self, g: ReplicaGroup, failure: Failure, fired: float | None) -> None:
+        """Record that ``g`` failed: the event, with how long detection took when the fault was
+        ours (``fired``)."""
         self._emit(FailureDetected(t=failure.t, replica=g.index, rank=failure.rank, reason=failure.reason,
                                    detection_s=(failure.t - fired) if fired else None, source=failure.source,
                                    stack=failure.stack))
-        self.set_state(g, FAILED, failure.reason[:200])
-        self.identity.left_out(g.index)  # its digests at a checked step will never come
-        self.report(g, failure)
-        policy = self.config.restart
-        while not self.stopping.is_set() and not getattr(self.session, "_closed", False):
-            self.teardown(g)
-            if not policy.allows(g.in_a_row + 1):
-                self._emit(GaveUp(replica=g.index, attempts=g.in_a_row))
-                self.set_state(g, GAVE_UP, f"after {g.in_a_row} attempts in a row")
-                return
-            if self._finish_if_run_is_over(g):
-                return
-            in_a_row = self.groups.failed_again(g)  # reset when the group rejoins: a cause that persists backs off
-            delay = policy.wait_before(in_a_row)
-            if delay:
-                self.set_state(g, FAILED, f"attempt {g.attempts + 1} in {delay:g} s (attempt {in_a_row} in a row)")
-                if self.stopping.wait(delay):
-                    return
-            attempt = self.groups.begin_attempt(g)
-            self.set_state(g, RESPAWNING, f"attempt {attempt}")
-            t0 = time.time()
-            try:
-                self.acquire(g, t0)
-                if self.stopping.is_set():
-                    return
-                self.start_training(g, min_step=self.progress())
-            except Exception as e:  # the respawn itself failed: counts as an attempt, try again
-                if self.stopping.is_set():
-                    return
-                self._emit(FailureDetected(replica=g.index, rank=None, reason=f"respawn failed: {e}"[:300]))
-                self.set_state(g, FAILED, f"respawn attempt {attempt} failed")
-                continue
-            self._emit(Respawned(replica=g.index, attempt=attempt, seconds=time.time() - t0))
-            self.set_state(g, HEALING)
-            self.groups.touch(g, time.monotonic())
-            return
 
     def acquire(self, g: ReplicaGroup, t0: float) -> None:
         """Processes and built trainers for ``g``: a ready spare if there is one, else fresh ones

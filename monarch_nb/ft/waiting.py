@@ -85,8 +85,8 @@ def wait_for_rejoin(run: Any, replica: int | None = None, timeout: float = 300.0
     if ended:
         e = ended[0]
         if isinstance(e, GaveUp):
-            raise RuntimeError(f"replica {e.replica} will not rejoin: the restart policy gave up on it after "
-                               f"{e.attempts} attempts (raise restart.max_restarts to allow more)")
+            raise RuntimeError(f"replica {e.replica} will not rejoin: the respawn policy gave up on it after "
+                               f"{e.attempts} attempts (raise respawn.max_respawns to allow more)")
         raise RuntimeError(f"the run stopped ({getattr(e, 'reason', 'stopped')}) before {what} rejoined")
     return sorted(got.values(), key=lambda e: e.t)
 

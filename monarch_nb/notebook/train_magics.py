@@ -55,7 +55,7 @@ def add_training_commands(sub: Any) -> None:
     train.add_argument("--platform", default=None, choices=["auto", "cpu", "cuda", "rocm"])
     train.add_argument("--backend", default=None, choices=["gloo", "nccl"],
                        help="collective backend (default: nccl on GPUs, gloo on CPU)")
-    train.add_argument("--max-restarts", type=int, default=None)
+    train.add_argument("--max-respawns", type=int, default=None)
     train.add_argument("--name", default=None, help="run name (default: a timestamp)")
     train.add_argument("--checkpoint-every", type=positive_int, default=None, metavar="K",
                        help="a durable checkpoint (torch DCP, asynchronous) every K committed steps")
@@ -135,7 +135,7 @@ class TrainingCommands:
         return self.run
 
     def train(self, args: argparse.Namespace, session: Any, shell: Any) -> Any:
-        from ..ft import FTRun, RestartPolicy, RunConfig
+        from ..ft import FTRun, RespawnPolicy, RunConfig
 
         if self.run is not None and not self.run.stopped:
             raise UsageError(f"run {self.run.run_id} is still active; `%monarch stop` it first")
@@ -159,9 +159,9 @@ class TrainingCommands:
             return self._started(run, args, shell, f" resumed from step {run.resume_from.step}")
         try:
             config = RunConfig.from_toml(args.config, **overrides) if args.config else RunConfig(**overrides)
-            if args.max_restarts is not None:
-                restart = dataclasses.replace(config.restart or RestartPolicy(), max_restarts=args.max_restarts)
-                config = config.replace(restart=restart)
+            if args.max_respawns is not None:
+                respawn = dataclasses.replace(config.respawn or RespawnPolicy(), max_respawns=args.max_respawns)
+                config = config.replace(respawn=respawn)
             config = config.validate()
         except (ValueError, TypeError) as exc:
             raise UsageError(str(exc)) from None

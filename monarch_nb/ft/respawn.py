@@ -5,7 +5,7 @@ bring a group back. The first attempt after a group trained is immediate - a rec
 not wait for nothing - and each further attempt in a row (the respawn itself failed, or the
 group failed again before it rejoined) waits longer: ``backoff_s`` times ``backoff_factor``
 per attempt, capped at ``max_backoff_s``, so a cause that does not go away (a lost
-Lighthouse, a full node) never turns into a tight loop. After ``max_restarts`` attempts in a
+Lighthouse, a full node) never turns into a tight loop. After ``max_respawns`` attempts in a
 row without the group training in between, the policy gives up on it: the run records
 ``gave_up`` and carries on with the others. A group that trains again starts afresh, so a long
 run survives any number of failures spread over time (failures are routine at scale).
@@ -17,34 +17,34 @@ from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
-class RestartPolicy:
+class RespawnPolicy:
     """Args:
-        max_restarts: attempts in a row to bring one group back without it training in
+        max_respawns: attempts in a row to bring one group back without it training in
             between (0: never bring it back).
         backoff_s: wait before the second attempt in a row, in seconds.
         backoff_factor: each further attempt in a row waits this many times longer.
         max_backoff_s: the longest wait between attempts, in seconds.
     """
 
-    max_restarts: int = 10
+    max_respawns: int = 10
     backoff_s: float = 1.0
     backoff_factor: float = 2.0
     max_backoff_s: float = 30.0
 
     def validate(self) -> None:
-        if not isinstance(self.max_restarts, int) or self.max_restarts < 0:
-            raise ValueError(f"restart.max_restarts: must be an integer >= 0, got {self.max_restarts!r}")
+        if not isinstance(self.max_respawns, int) or self.max_respawns < 0:
+            raise ValueError(f"respawn.max_respawns: must be an integer >= 0, got {self.max_respawns!r}")
         if self.backoff_s < 0:
-            raise ValueError(f"restart.backoff_s: must be >= 0 seconds, got {self.backoff_s!r}")
+            raise ValueError(f"respawn.backoff_s: must be >= 0 seconds, got {self.backoff_s!r}")
         if self.backoff_factor < 1:
-            raise ValueError(f"restart.backoff_factor: must be >= 1, got {self.backoff_factor!r}")
+            raise ValueError(f"respawn.backoff_factor: must be >= 1, got {self.backoff_factor!r}")
         if self.max_backoff_s < self.backoff_s:
             raise ValueError(
-                f"restart.max_backoff_s: must be >= backoff_s ({self.backoff_s}), got {self.max_backoff_s!r}")
+                f"respawn.max_backoff_s: must be >= backoff_s ({self.backoff_s}), got {self.max_backoff_s!r}")
 
     def allows(self, in_a_row: int) -> bool:
         """May the group be brought back an ``in_a_row``-th time since it last trained?"""
-        return in_a_row <= self.max_restarts
+        return in_a_row <= self.max_respawns
 
     def wait_before(self, in_a_row: int) -> float:
         """Seconds to wait before the ``in_a_row``-th consecutive attempt (1: none)."""
