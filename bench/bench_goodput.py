@@ -3,17 +3,22 @@
 One invocation runs the same model, data and fault schedule several ways ("arms"), one after
 the other on this machine, each until the same target step:
 
-  no_faults        the reference: nothing injected
-  peer             recovery="peer": a failed group heals from a live peer, the others train on
-                   (durable checkpoints off)
-  restart          recovery="restart": on any failure every group stops and all restart from
-                   the newest durable checkpoint, taken every K steps with K from Young/Daly:
-                   K = sqrt(2 * save_cost * MTBF) / step_time, save_cost measured (the step
-                   stall of an asynchronous DCP save) and MTBF the fault period
-  restart_fixed_k  the same with one common fixed K (--fixed-k, default 50)
-  peer_spare       peer with one warm spare group (spares=1): the victim's replacement is
-                   already built, so the respawn's imports and model build do not compete with
-                   training for this machine's two cores at the moment of the fault
+  no_faults            the reference: nothing injected, no durable checkpoints
+  peer                 recovery="peer": a failed group heals from a live peer, the others train
+                       on; durable checkpoints every K steps like the restart arms (a user of peer
+                       recovery still keeps them, for a total loss), so the race is fair
+  peer_no_checkpoints  the same without durable checkpoints: what they cost
+  restart              recovery="restart": on any failure every group stops and all restart from
+                       the newest durable checkpoint, taken every K steps with K from Young/Daly:
+                       K = sqrt(2 * save_cost * MTBF) / step_time, save_cost measured (the step
+                       stall of an asynchronous DCP save) and MTBF the fault period; torchft's
+                       quorum per step still runs
+  plain_restart        recovery="plain_restart": the old way as users run it - no torchft, one
+                       process group over every group (torchtitan under torchrun), every process
+                       restarted on any failure and loading the newest checkpoint, all at once
+  restart_fixed_k      restart with one common fixed K (--fixed-k, default 50)
+  peer_spare           peer with one warm spare group (spares=1) and checkpoints every K: the
+                       victim's replacement is already built
 
 Faults: ``--kind`` (kill) into a rotating victim every ``--period`` seconds of wall time,
 counted from the arm's first committed step - the same schedule for every arm. A fault that
@@ -22,14 +27,21 @@ again, so every arm receives the same number of faults per unit of training time
 them would flatter the slower arm). Each arm uses torchtitan's own settings otherwise.
 
 Per arm: goodput = target steps / wall time, as a ratio to no_faults; the same for committed
-tokens (a step committed by fewer live groups trains on fewer tokens); steps lost and redone
-(restart: the run's step minus the checkpoint's, per restart); faults; wall time to the
-target. PNGs: loss against wall time for all arms, live groups over time. JSON: one record
-per arm; copies go to bench/results/.
+tokens (a step committed by fewer live groups trains on fewer tokens); faults; wall time to the
+target; ``lost_s``, where the time lost against no_faults went: detect (failure to detection),
+respawn (a restart's teardown, processes and start-up, all groups down), load (checkpoint reads,
+the slowest group's per restart), redo (steps lost to a restart, at the calibrated step time),
+checkpoint_stalls (the training thread's share of the saves), survivor_stalls (peer arms: the
+gap in commits at each fault beyond one step), steady_steps (the arm's own pace between faults
+against the reference's, over the target's steps: negative for a plain job, which pays no quorum
+per step) and other (the rest of the difference, which may be negative: noise). ``--reread``
+recomputes these derived figures from the records in ``--out``. ``--groups 3,8`` runs every arm at each size (a calibration per size).
+PNGs: loss against wall time for all arms, live groups over time. JSON: ``{"records": [...],
+"args": {...}, "argv": [...]}``, one record per (groups, arm).
 
 Usage:
   python bench/bench_goodput.py --out bench/results/goodput.json            # period 30 s
-  python bench/bench_goodput.py --quick --out /tmp/goodput.json             # CI-sized (period 20 s)
+  python bench/bench_goodput.py --quick --groups 3,8 --out bench/results/goodput.json  # tiny model, 90 s races
   python bench/bench_goodput.py --sweep --out bench/results/goodput-sweep.json   # 10, 20, 30, 60 s
 """
 
@@ -49,13 +61,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from monarch_nb.ft import FTRun, RunConfig  # noqa: E402
 
 
-def calibrate(a: argparse.Namespace) -> tuple[float, float]:
-    """(median step time, median checkpoint stall) of this model on this machine."""
-    run = FTRun(RunConfig(replicas=a.replicas, checkpoint_every=5, steps=None,
-                          run_name=f"goodput-calibrate-{time.strftime('%H%M%S')}"))
+def calibrate(groups: int, a: argparse.Namespace) -> tuple[float, float]:
+    """(median step time, median checkpoint stall) of this model at this size on this machine."""
+    run = FTRun(RunConfig(replicas=groups, model=a.model, seq_len=a.seq_len, checkpoint_every=5, steps=None,
+                          run_name=f"goodput-calibrate-g{groups}-{time.strftime('%H%M%S')}"))
     try:
         run.start()
-        run.wait_for(lambda e: e.kind == "checkpoint_saved" and e.step >= 20, timeout=600)
+        run.wait_for(lambda e: e.kind == "checkpoint_saved" and e.step >= 20, timeout=a.timeout)
     finally:
         run.stop()
     times = [e.t for e in run.history().steps(0)]
@@ -76,7 +88,33 @@ def useful_tokens(steps: list, config: RunConfig, until_t: float) -> int:
     return len(done) * config.seq_len * config.batch_size * config.group_size
 
 
-def run_arm(arm: str, config: RunConfig, a: argparse.Namespace, period: float) -> dict:
+def lost_time(run: FTRun, faults: list[float], until_t: float, step_time: float) -> dict[str, float]:
+    """Where an arm's time went beyond training, from its event log (see the module docstring).
+    ``other`` is filled in by the caller, which knows the reference's wall time."""
+    ev = run.events
+    detect = sum(e.detection_s or 0.0 for e in ev.events("failure_detected") if e.t <= until_t)
+    restarts = [e for e in ev.events("restarted_from_checkpoint") if e.t <= until_t]
+    loads = ev.events("checkpoint_loaded")
+    load = 0.0
+    for r in restarts:  # the slowest group's read of each restart (they read at once)
+        window = [e.seconds for e in loads if r.t - r.seconds <= e.t <= r.t]
+        load += max(window, default=0.0)
+    respawn = sum(r.seconds for r in restarts) - load
+    redo = sum(r.lost_steps for r in restarts) * step_time
+    saves = sum(e.stall for e in ev.events("checkpoint_saved") if e.t <= until_t)
+    survivor = 0.0
+    if run.config.recovery == "peer":
+        commits = sorted(e.t for e in run.history().steps() if e.t <= until_t)
+        for tf in faults:
+            before = [t for t in commits if t <= tf]
+            after = [t for t in commits if t > tf]
+            if before and after:
+                survivor += max(0.0, after[0] - before[-1] - step_time)
+    return {"detect": detect, "respawn": respawn, "load": load, "redo": redo,
+            "checkpoint_stalls": saves, "survivor_stalls": survivor}
+
+
+def run_arm(arm: str, config: RunConfig, a: argparse.Namespace, period: float, step_time: float) -> dict:
     run = FTRun(config)
     faults: list[float] = []
     stop = threading.Event()
@@ -89,8 +127,8 @@ def run_arm(arm: str, config: RunConfig, a: argparse.Namespace, period: float) -
                 return
             while not stop.is_set():  # a fault due while no group trains waits for one
                 training = [g.index for g in run.groups if g.state == "training"]
-                victim = n % a.replicas
-                if victim in training and len(training) >= 1:
+                victim = n % config.replicas
+                if victim in training:
                     try:
                         run.inject(a.kind, replica=victim)
                         faults.append(time.time())
@@ -100,7 +138,6 @@ def run_arm(arm: str, config: RunConfig, a: argparse.Namespace, period: float) -
                 stop.wait(0.1)
             n += 1
 
-    t_start = time.time()
     try:
         run.start()
         first = run.wait_for(lambda e: e.kind == "step" and e.committed, timeout=a.timeout)
@@ -115,17 +152,17 @@ def run_arm(arm: str, config: RunConfig, a: argparse.Namespace, period: float) -
     steps = history.steps()
     wall = done.t - first.t
     tokens = useful_tokens(steps, config, done.t)
-    lost = sum(e.lost_steps for e in run.events.events("restarted_from_checkpoint"))
-    redone = sum(1 for e in run.events.events("resumed"))
     restarts = run.events.events("restarted_from_checkpoint")
     return {
-        "arm": arm, "recovery": config.recovery, "checkpoint_every": config.checkpoint_every,
+        "groups": config.replicas, "arm": arm, "recovery": config.recovery, "model": config.model,
+        "checkpoint_every": config.checkpoint_every, "spares": config.spares,
         "period_s": period if arm != "no_faults" else None, "target_step": a.target,
-        "wall_s": wall, "faults": len(faults), "steps_lost": lost, "restarts": len(restarts),
-        "resumes": redone, "tokens": tokens,
+        "wall_s": wall, "faults": len(faults), "steps_lost": sum(e.lost_steps for e in restarts),
+        "restarts": len(restarts), "resumes": len(run.events.events("resumed")), "tokens": tokens,
         "steps_per_s": a.target / wall,
         "checkpoint_stall_s": statistics.median([e.stall for e in run.events.events("checkpoint_saved")] or [0.0]),
         "checkpoints": len(run.events.events("checkpoint_saved")),
+        "lost_s": lost_time(run, faults, done.t, step_time),
         "recoveries": [r.row() for r in history.recoveries()],
         "loss": [(e.t - first.t, e.step, e.loss) for e in steps if e.replica == 0],
         "live_groups": [(t - first.t, n) for t, n in history.live_groups()],
@@ -136,8 +173,8 @@ def run_arm(arm: str, config: RunConfig, a: argparse.Namespace, period: float) -
 def plot(records: list[dict], path: Path) -> None:
     from matplotlib.figure import Figure
 
-    colours = {"no_faults": "#999999", "peer": "#0072B2", "restart": "#D55E00", "restart_fixed_k": "#E69F00",
-               "peer_spare": "#009E73"}
+    colours = {"no_faults": "#999999", "peer": "#0072B2", "peer_no_checkpoints": "#56B4E9", "restart": "#D55E00",
+               "plain_restart": "#CC79A7", "restart_fixed_k": "#E69F00", "peer_spare": "#009E73"}
     fig = Figure(figsize=(8, 4.5), dpi=100)
     ax = fig.subplots()
     for r in records:
@@ -167,74 +204,148 @@ def plot(records: list[dict], path: Path) -> None:
     fig.savefig(path.with_name(path.stem + "-groups.png"))
 
 
-def compare(a: argparse.Namespace, period: float, step_time: float, stall: float,
+ARMS = ("no_faults", "peer", "peer_no_checkpoints", "restart", "plain_restart", "restart_fixed_k", "peer_spare")
+QUICK_ARMS = ("no_faults", "peer", "restart", "plain_restart")
+
+
+def arm_config(arm: str, base: dict, k: int, fixed_k: int) -> RunConfig:
+    return {"no_faults": lambda: RunConfig(**base),
+            "peer": lambda: RunConfig(**base, checkpoint_every=k),
+            "peer_no_checkpoints": lambda: RunConfig(**base),
+            "restart": lambda: RunConfig(**base, recovery="restart", checkpoint_every=k),
+            "plain_restart": lambda: RunConfig(**base, recovery="plain_restart", checkpoint_every=k),
+            "restart_fixed_k": lambda: RunConfig(**base, recovery="restart", checkpoint_every=fixed_k),
+            "peer_spare": lambda: RunConfig(**base, spares=1, checkpoint_every=k)}[arm]()
+
+
+def compare(a: argparse.Namespace, groups: int, period: float, step_time: float, stall: float,
             reference: dict | None = None) -> list[dict]:
-    """Every arm at one fault period; ``reference`` (a no_faults record) is reused when given."""
-    base = dict(replicas=a.replicas, steps=None, seq_len=a.seq_len)
+    """Every arm at one size and fault period; ``reference`` (a no_faults record) is reused when given."""
+    base = dict(replicas=groups, steps=None, seq_len=a.seq_len, model=a.model)
     k = young_daly_k(stall, period, step_time)
-    arms = [("no_faults", RunConfig(**base)),
-            ("peer", RunConfig(**base)),
-            ("restart", RunConfig(**base, recovery="restart", checkpoint_every=k)),
-            ("restart_fixed_k", RunConfig(**base, recovery="restart", checkpoint_every=a.fixed_k)),
-            ("peer_spare", RunConfig(**base, spares=1))]
-    if a.quick:
-        arms = arms[:3]
+    arms = list(a.arms or (QUICK_ARMS if a.quick else ARMS))
     if reference is not None:
-        arms = arms[1:]
+        arms = [arm for arm in arms if arm != "no_faults"]
     records = [dict(reference, reused=True)] if reference is not None else []
-    for arm, cfg in arms:
-        cfg = cfg.replace(run_name=f"goodput-{arm}-p{period:g}-{time.strftime('%H%M%S')}")
-        rec = run_arm(arm, cfg, a, period)
+    for arm in arms:
+        cfg = arm_config(arm, base, k, a.fixed_k)
+        cfg = cfg.replace(run_name=f"goodput-g{groups}-{arm}-p{period:g}-{time.strftime('%H%M%S')}")
+        rec = run_arm(arm, cfg, a, period, step_time)
         records.append(rec)
-        print(f"[period {period:g} s] {arm:<16} {rec['wall_s']:7.1f} s to step {a.target}, {rec['faults']} faults, "
-              f"{rec['steps_lost']} steps lost, K={cfg.checkpoint_every}", flush=True)
+        print(f"[{groups} groups, period {period:g} s] {arm:<20} {rec['wall_s']:7.1f} s to step {a.target}, "
+              f"{rec['faults']} faults, {rec['steps_lost']} steps lost, K={cfg.checkpoint_every}", flush=True)
     ref = records[0]
     for r in records:
-        r["goodput"] = ref["wall_s"] / r["wall_s"]
-        r["token_goodput"] = (r["tokens"] / r["wall_s"]) / (ref["tokens"] / ref["wall_s"])
         r["young_daly_k"] = k
+        r["checkpoint_rule"] = (f"K = round(sqrt(2 * save_stall * period) / step_time) = round(sqrt(2 * {stall:.4f} "
+                                f"* {period:g}) / {step_time:.4f}) = {k}")
         r["step_time_s"], r["save_stall_s"] = step_time, stall
+    derive(records)
     return records
+
+
+def steady_step_s(record: dict) -> float:
+    """The arm's median time between group 0's consecutive committed steps: its pace when
+    nothing is failing (a plain job pays no quorum per step)."""
+    times = [t for t, _, _ in record["loss"]]
+    return statistics.median(b - a for a, b in zip(times, times[1:]))
+
+
+def derive(records: list[dict]) -> None:
+    """The figures that compare an arm with its size's no_faults reference (the first record of
+    each size): goodputs, and the total time lost split into its parts; ``steady_steps`` is
+    what the arm's own pace between faults costs or saves over the target's steps, ``other``
+    the rest."""
+    for groups in {r["groups"] for r in records}:
+        same = [r for r in records if r["groups"] == groups]
+        ref = same[0]
+        for r in same:
+            r["goodput"] = ref["wall_s"] / r["wall_s"]
+            r["token_goodput"] = (r["tokens"] / r["wall_s"]) / (ref["tokens"] / ref["wall_s"])
+            parts = {n: v for n, v in r["lost_s"].items() if n not in ("steady_steps", "other", "total")}
+            parts["steady_steps"] = (steady_step_s(r) - steady_step_s(ref)) * r["target_step"]
+            total = r["wall_s"] - ref["wall_s"]
+            r["lost_s"] = {**parts, "total": total, "other": total - sum(parts.values())}
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--period", type=float, default=30.0, help="seconds between faults")
+    p.add_argument("--period", type=float, default=None, help="seconds between faults (default 30)")
     p.add_argument("--sweep", action="store_true", help="periods 10, 20, 30 and 60 s")
-    p.add_argument("--quick", action="store_true", help="CI size: no fixed-K arm, a short target")
+    p.add_argument("--quick", action="store_true",
+                   help="the tiny model, each race as long as 90 s of fault-free training, no fixed-K, spare or "
+                        "no-checkpoint arm")
     p.add_argument("--target", type=int, default=None, help="the step every arm trains to")
-    p.add_argument("--replicas", type=int, default=3)
+    p.add_argument("--target-seconds", type=float, default=None,
+                   help="instead of --target: the step a fault-free run reaches in this long at each size "
+                        "(from the calibrated step time), so every size races for the same time")
+    p.add_argument("--groups", default="3", help="comma-separated group counts, each a full race (default 3)")
+    p.add_argument("--arms", default="", help=f"comma-separated arms (default: {', '.join(ARMS)}; "
+                                                f"--quick: {', '.join(QUICK_ARMS)})")
+    p.add_argument("--model", default=None, help="model flavour (default debugmodel; --quick: tiny)")
     p.add_argument("--seq-len", type=int, default=64)
     p.add_argument("--kind", default="kill")
     p.add_argument("--fixed-k", type=int, default=50)
     p.add_argument("--timeout", type=float, default=1800.0)
     p.add_argument("--out", required=True, help="JSON results; PNGs are written beside it")
+    p.add_argument("--reread", action="store_true",
+                   help="measure nothing: recompute the derived figures (goodput, lost_s) of --out's records")
     a = p.parse_args(argv)
-    if a.target is None:
-        a.target = 120 if a.quick else 400
-    if a.quick and a.period == 30.0:
-        a.period = 20.0  # above one restart (7-16 s here, by load): below it the restart arm never progresses
-    step_time, stall = calibrate(a)
-    print(f"calibration: median step {step_time:.3f} s, checkpoint stall {stall:.3f} s", flush=True)
+    if a.reread:
+        out = Path(a.out)
+        result = json.loads(out.read_text())
+        derive(result["records"])
+        result["reread"] = "derived figures recomputed by --reread from the measured records"
+        out.write_text(json.dumps(result, indent=1))
+        return 0
+    a.arms = [x.strip() for x in a.arms.split(",") if x.strip()] or None
+    unknown = sorted(set(a.arms or ()) - set(ARMS))
+    if unknown:
+        p.error(f"--arms: unknown {', '.join(unknown)}; allowed: {', '.join(ARMS)}")
+    try:
+        sizes = [int(x) for x in a.groups.split(",")]
+    except ValueError:
+        p.error(f"--groups: comma-separated integers, got {a.groups!r}")
+    if a.model is None:
+        a.model = "tiny" if a.quick else "debugmodel"
+    if a.target is None and a.target_seconds is None:
+        if a.quick:
+            a.target_seconds = 90.0  # three faults' worth at the default period, at every size
+        else:
+            a.target = 400
+    if a.period is None:
+        a.period = 30.0
     records = []
-    reference = None
-    for period in ([10.0, 20.0, 30.0, 60.0] if a.sweep else [a.period]):
-        got = compare(a, period, step_time, stall, reference)
-        reference = got[0]  # no faults does not depend on the period: measured once
-        records += got
+    for groups in sizes:
+        step_time, stall = calibrate(groups, a)
+        if a.target_seconds:
+            a.target = max(20, round(a.target_seconds / step_time))
+        print(f"calibration, {groups} groups: median step {step_time:.3f} s, checkpoint stall {stall:.3f} s; "
+              f"target step {a.target}", flush=True)
+        reference = None
+        for period in ([10.0, 20.0, 30.0, 60.0] if a.sweep else [a.period]):
+            got = compare(a, groups, period, step_time, stall, reference)
+            reference = got[0]  # no faults does not depend on the period: measured once
+            records += got
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"records": records}, indent=1))
-    shown = [r for r in records if r["period_s"] in (None, a.period if not a.sweep else 30.0) and not r.get("reused")]
+    out.write_text(json.dumps({"records": records, "args": vars(a), "argv": sys.argv[1:] if argv is None else argv},
+                              indent=1))
+    shown = [r for r in records if r["groups"] == sizes[0] and not r.get("reused")
+             and r["period_s"] in (None, a.period if not a.sweep else 30.0)]
     plot(shown, out)
     print()
-    print(f"{'period':>7} {'arm':<16} {'K':>4} {'wall s':>7} {'goodput':>8} {'tokens':>7} {'faults':>7} {'lost':>5}")
+    print(f"{'groups':>6} {'period':>7} {'arm':<20} {'K':>4} {'wall s':>7} {'goodput':>8} {'tokens':>7} {'faults':>7} "
+          f"{'lost':>5}")
     for r in records:
-        print(f"{r['period_s'] or '-':>7} {r['arm']:<16} {r['checkpoint_every'] or '-':>4} {r['wall_s']:>7.1f} "
-              f"{r['goodput']:>8.3f} {r['token_goodput']:>7.3f} {r['faults']:>7} {r['steps_lost']:>5}")
-    peer = next(r for r in records if r["arm"] == "peer")
-    restart = next(r for r in records if r["arm"] == "restart")
-    print(f"\npeer / restart goodput: {peer['goodput'] / restart['goodput']:.2f}x")
+        print(f"{r['groups']:>6} {r['period_s'] or '-':>7} {r['arm']:<20} {r['checkpoint_every'] or '-':>4} "
+              f"{r['wall_s']:>7.1f} {r['goodput']:>8.3f} {r['token_goodput']:>7.3f} {r['faults']:>7} {r['steps_lost']:>5}")
+    for groups in sizes:
+        arms = {r["arm"]: r for r in records if r["groups"] == groups}
+        if "peer" in arms:
+            for other in ("restart", "plain_restart"):
+                if other in arms:
+                    print(f"{groups} groups: peer / {other} goodput {arms['peer']['goodput'] / arms[other]['goodput']:.2f}x")
     return 0
 
 

@@ -14,6 +14,8 @@ writes what goes between them. Blocks:
                   (bench/bench_heal.py --quick)
   heal_links      a heal from k donors over rate-limited links (the netns cluster), from
                   bench/results/heal_links.json (bench/bench_heal_links.py)
+  goodput         the race of every recovery mode at each group count, from
+                  bench/results/goodput.json (bench/bench_goodput.py --quick --groups 3,8)
 
 Usage: python bench/readme_tables.py            print the blocks
        python bench/readme_tables.py --check    exit 1, with a diff, if README.md differs
@@ -272,6 +274,55 @@ def heal_links_block(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+LOST_PARTS = ("detect", "respawn", "load", "redo", "checkpoint_stalls", "survivor_stalls", "steady_steps", "other")
+
+
+def goodput_block(result: dict[str, Any]) -> str:
+    """One table per group count: every arm's goodput and where its lost time went; the
+    issue's targets checked below each table."""
+    recs = result["records"]
+    args = result.get("args", {})
+    lines = [_wrap(f"`bench/bench_goodput.py {_argv(result)}` (one invocation, this 2-core box, model "
+                   f"{recs[0].get('model', 'debugmodel')}, a `{args.get('kind', 'kill')}` into a rotating victim "
+                   f"every {_g(args.get('period') or 30)} s of training; every arm trains to the same step):"), ""]
+    for groups in sorted({r["groups"] for r in recs}):
+        arms = [r for r in recs if r["groups"] == groups]
+        ref = arms[0]
+        lines.append(_wrap(f"**{groups} groups**: step {ref['step_time_s']:.3f} s, save stall "
+                           f"{ref['save_stall_s']:.4f} s, so {ref['checkpoint_rule']}; target step {ref['target_step']}."))
+        lines += ["", "| arm | checkpoint every | wall s | goodput | token goodput | faults | steps redone | lost s: "
+                  + ", ".join(LOST_PARTS) + " |", "|---|---|---|---|---|---|---|---|"]
+        for r in arms:
+            lost = r.get("lost_s") or {}
+            parts = " / ".join(f"{lost[p]:.1f}" for p in LOST_PARTS) if lost else "-"
+            lines.append(f"| {r['arm']} | {r['checkpoint_every'] or '-'} | {r['wall_s']:.1f} | {r['goodput']:.2f} "
+                         f"| {r['token_goodput']:.2f} | {r['faults']} | {r['steps_lost']} | {parts} |")
+        by = {r["arm"]: r for r in arms}
+        lines.append("")
+        if "peer" in by:
+            p = by["peer"]
+            checks = [f"peer {p['goodput']:.2f}x no faults (target >= 0.85: {'met' if p['goodput'] >= 0.85 else '**not met**'})"]
+            for other in ("plain_restart", "restart"):
+                if other in by:
+                    ratio = p["goodput"] / by[other]["goodput"]
+                    checks.append(f"peer / {other} **{ratio:.2f}x** (target >= 1.3 at 3 groups: "
+                                  f"{'met' if ratio >= 1.3 else '**not met**'})" if groups == 3 else
+                                  f"peer / {other} **{ratio:.2f}x**")
+            lines.append(_wrap("- " + "; ".join(checks)))
+        lines.append("")
+    sizes = sorted({r["groups"] for r in recs})
+    if len(sizes) > 1:
+        def ratio(groups: int, other: str) -> float | None:
+            by = {r["arm"]: r for r in recs if r["groups"] == groups}
+            return by["peer"]["goodput"] / by[other]["goodput"] if "peer" in by and other in by else None
+        for other in ("plain_restart", "restart"):
+            lo, hi = ratio(sizes[0], other), ratio(sizes[-1], other)
+            if lo is not None and hi is not None:
+                lines.append(f"- peer / {other} at {sizes[-1]} groups ({hi:.2f}x) vs {sizes[0]} ({lo:.2f}x): larger at "
+                             f"{sizes[-1]} (target): {'met' if hi > lo else '**not met**'}")
+    return "\n".join(lines).rstrip()
+
+
 def blocks() -> dict[str, str]:
     seed = json.loads((REPO / "bench/results/seed_clusters.json").read_text())
     out = {"seed_clusters": seed_block(seed)}
@@ -286,6 +337,9 @@ def blocks() -> dict[str, str]:
     heal = REPO / "bench/results/heal.json"
     if heal.exists():
         out["heal"] = heal_block(json.loads(heal.read_text()))
+    goodput = REPO / "bench/results/goodput.json"
+    if goodput.exists() and "args" in json.loads(goodput.read_text()):
+        out["goodput"] = goodput_block(json.loads(goodput.read_text()))
     links = REPO / "bench/results/heal_links.json"
     if links.exists():
         out["heal_links"] = heal_links_block(json.loads(links.read_text()))

@@ -87,3 +87,29 @@ def test_the_heal_links_json_has_a_heal_per_donor_count_whose_bytes_left_the_don
         assert r["donors"] == r["survivors"] and sent >= r["size_gb"], r
         assert r["speedup"] == r["gbps"] / next(x["gbps"] for x in result["records"] if x["survivors"] == 1)
     assert ks == sorted(set(ks)) and ks[0] == 1, ks
+
+
+def test_the_goodput_json_has_every_arm_at_every_size_and_where_its_time_went():
+    """bench_goodput.py's shape (issue: records of groups x arm, lost_s split by cause), and its
+    sums: a restart arm's parts come from its own events, ``other`` is the rest of the loss."""
+    result = json.loads((REPO / "bench/results/goodput.json").read_text())
+    recs = result["records"]
+    bench = load_bench("bench_goodput")
+    arms = result["args"]["arms"] or (bench.QUICK_ARMS if result["args"]["quick"] else bench.ARMS)
+    sizes = sorted({r["groups"] for r in recs})
+    assert sizes == sorted(int(x) for x in result["args"]["groups"].split(","))
+    for groups in sizes:
+        assert [r["arm"] for r in recs if r["groups"] == groups] == list(arms)
+    for r in recs:
+        lost = r["lost_s"]
+        assert set(lost) == {"detect", "respawn", "load", "redo", "checkpoint_stalls", "survivor_stalls", "steady_steps", "other",
+                             "total"}
+        assert abs(sum(v for k, v in lost.items() if k != "total") - lost["total"]) < 1e-6
+        if r["recovery"] in ("restart", "plain_restart"):
+            assert r["restarts"] >= 1 and lost["respawn"] > 0 and lost["load"] > 0, r["arm"]
+        if r["arm"] == "no_faults":
+            assert r["faults"] == 0 and r["checkpoint_every"] is None
+        else:
+            assert r["faults"] >= 1, r["arm"]
+        if r["arm"] in ("peer", "peer_spare", "restart", "plain_restart"):  # one checkpoint rule for all
+            assert r["checkpoint_every"] == r["young_daly_k"], r["arm"]
