@@ -174,7 +174,7 @@ class Session:
             handle.agent = self._spawn_on(handle, _AGENT_PREFIX + name, ProcAgent, (), {})
             wait = timeout or self.default_timeout
             ids = raise_for_outcome(gather(handle.agent.identity, f"{name}.identity", (), {},
-                                           list(range(handle.size)), wait), wait)
+                                           list(range(handle.size)), wait, size=handle.size), wait)
             for rank, ident in ids:
                 proc = handle.procs[rank]
                 proc.pid, proc.host, proc.job_id, proc.node = ident.pid, ident.host, ident.job_id, ident.node
@@ -263,7 +263,8 @@ class Session:
     def _capture_logs(self, handle: MeshHandle, timeout: float) -> None:
         """Every rank's stdout, stderr and logging to ``<log_dir>/<mesh>-rank<k>.log``."""
         raise_for_outcome(gather(handle.agent.capture_logs, f"{handle.name}.capture_logs",
-                                 (str(handle.log_dir), handle.name), {}, list(range(handle.size)), timeout), timeout)
+                                 (str(handle.log_dir), handle.name), {}, list(range(handle.size)), timeout,
+                                 size=handle.size), timeout)
 
     def log_dir_of(self, mesh: str) -> Path:
         """Where mesh ``mesh``'s workers write (also after it went down)."""
@@ -700,7 +701,7 @@ class DeadlineEndpoint:
         try:
             result = gather(self._endpoint, self._label, args, kwargs, local_live, view.timeout, dead,
                             on_interrupt=view.on_interrupt, watch=view.watch, global_ranks=ranks,
-                            while_waiting=view.while_waiting)
+                            while_waiting=view.while_waiting, size=len(ranks))
         except CallInterrupted as exc:
             _to_global(exc.result, ranks, failed)
             raise
@@ -737,7 +738,8 @@ class DeadlineEndpoint:
         ``CallTimeout`` at the deadline naming the ranks that stayed silent."""
         ranks, failed, _ = self._targets()
         pending = {i for i, r in enumerate(ranks) if r not in failed}
-        for rank, ok, value in receive(self._endpoint, args, kwargs, len(pending), self._view.timeout):
+        for rank, ok, value in receive(self._endpoint, args, kwargs, len(pending), self._view.timeout,
+                                       size=len(ranks)):
             pending.discard(rank)
             if not ok:
                 raise RemoteError(self._label, {ranks[rank]: value}, {})

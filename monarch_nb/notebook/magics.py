@@ -367,7 +367,7 @@ class _CellBreakpoints:
         not stopped at a breakpoint. A Ctrl-C meanwhile is the cell's interrupt."""
         ranks = seam.actor_mesh_ranks(self.agent)
         try:
-            result = gather(self.agent.paused, "paused", (), {}, list(range(len(ranks))), 1.0)
+            result = gather(self.agent.paused, "paused", (), {}, list(range(len(ranks))), 1.0, size=len(ranks))
         except CallInterrupted:
             raise KeyboardInterrupt from None
         return {ranks[i]: p for i, p in result.values.items() if p is not None and ranks[i] in pending}
