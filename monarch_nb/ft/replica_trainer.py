@@ -196,14 +196,20 @@ class ReplicaTrainer:
     def plain(self) -> bool:
         return isinstance(self.manager, PlainReplication)
 
-    def _new_manager(self) -> None:
+    def _new_manager(self, after_timeout: bool = False) -> None:
         """A fresh torchft Manager with this replica's step: after a quorum request timed out,
         torchft 0.2.0's Manager fails every later request at once (seen when the Lighthouse died
         and came back on the same address), while model, optimizer and step are all intact
         here. The new Manager joins the next quorum of a restarted Lighthouse as the same step,
         so no group loses its state or restarts."""
         state = self.manager.state_dict()
-        seam.retire_manager(self.manager, timedelta(milliseconds=int(self.cfg.get("heartbeat_timeout_ms", 1000))))
+        if after_timeout:  # its quorum request may still count at the Lighthouse (seam.retire_manager)
+            seam.retire_manager(self.manager, timedelta(milliseconds=int(self.cfg.get("heartbeat_timeout_ms", 1000))))
+        else:  # it got its quorum: nothing of it waits at the Lighthouse
+            try:
+                seam.shutdown_manager(self.manager)
+            except Exception:  # noqa: BLE001
+                pass
         self.manager = self._build_manager(self.lighthouse, self.host)
         self.manager.load_state_dict(state)
         self.quorum_recorder = seam.record_quorums(self.manager)
@@ -576,10 +582,11 @@ class ReplicaTrainer:
             # group's failure: report it and ask again - a restarted Lighthouse answers.
             self.emit({"kind": "quorum_timeout", "replica": self.replica, "rank": self.rank,
                        "error": str(exc)[:200], "t": time.time()})
-            self._new_manager()
+            self._new_manager(after_timeout=True)
             return {"kind": "quorum_timeout", "step": self.manager.current_step(), "committed": False}
         except Exception as exc:  # noqa: BLE001 - the quorum machinery failed: a peer's doing
-            return self._comms_retry(f"the quorum failed: {type(exc).__name__}: {exc}", rebuild=True)
+            return self._comms_retry(f"the quorum failed: {type(exc).__name__}: {exc}", rebuild=True,
+                                     request_may_linger=True)
         if self._last_quorum_id is not None and seam.process_group_is_down(self.ft_pg):
             # The quorum formed, but building its process group failed: a member died while we
             # connected to it (a store key that never came, a gloo connect timeout). Our state
@@ -708,7 +715,7 @@ class ReplicaTrainer:
         time.sleep(0.5)
         return {"kind": "waiting_for_restart", "step": self.manager.current_step(), "committed": False}
 
-    def _comms_retry(self, reason: str, rebuild: bool) -> dict[str, Any]:
+    def _comms_retry(self, reason: str, rebuild: bool, request_may_linger: bool = False) -> dict[str, Any]:
         """Cross-replica communication broke through no fault of ours (a peer died during the
         quorum or while its process group was built). Keep the process, model, optimizer and
         step, and try the next quorum. ``rebuild``: first rebuild the torchft Manager in place
@@ -719,8 +726,8 @@ class ReplicaTrainer:
         self.emit({"kind": "comms_retry", "replica": self.replica, "rank": self.rank, "reason": reason[:300],
                    "attempt": self._comms_retries, "rebuilt": rebuild, "step": self.manager.current_step(),
                    "t": time.time()})
-        if rebuild:
-            self._new_manager()
+        if rebuild:  # a quorum that never formed may leave its request at the Lighthouse
+            self._new_manager(after_timeout=request_may_linger)
         time.sleep(min(0.1 * 2 ** min(self._comms_retries - 1, 5), 2.0))
         return {"kind": "comms_retry", "step": self.manager.current_step(), "committed": False}
 
