@@ -89,8 +89,13 @@ class PlainReplication:
     # ---- the Manager calls the step makes ---------------------------------------------------
 
     def start_quorum(self) -> None:
+        """Join the job's process group once; a rendezvous that fails (a peer never came) is
+        recorded like a failed collective, not raised."""
         if self._pg is None and self._error is None:
-            self._connect()
+            try:
+                self._connect()
+            except Exception as exc:  # noqa: BLE001
+                self._error = exc
 
     def _connect(self) -> None:
         import torch.distributed as dist

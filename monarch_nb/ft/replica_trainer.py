@@ -701,12 +701,9 @@ class ReplicaTrainer:
         """recovery="plain_restart": join the job's process group at the first step; once a
         collective failed (a peer died), stop stepping - the controller restarts the whole job,
         and this rank's failure report would blame the wrong process."""
+        self.manager.start_quorum()
         if self.manager.errored() is None:
-            try:
-                self.manager.start_quorum()
-                return None
-            except Exception as exc:  # noqa: BLE001 - the rendezvous failed: a peer never came
-                self.manager._error = exc
+            return None
         if not self._waiting_for_peer:
             self._waiting_for_peer = True
             self.emit({"kind": "waiting_for_restart", "replica": self.replica, "rank": self.rank,
