@@ -1,8 +1,11 @@
 """Process-wide Monarch setup that must happen before ``monarch`` is first imported.
 
-Workers inherit the controller's environment, so the supervision poll (Monarch's default
-is 10 s; 300 ms detects a dead process within about that) is set here once; gloo's loopback interface is
-set per mesh, only for hosts on this machine (``LOOPBACK_ENV``).
+Workers inherit the controller's environment, so Monarch's settings are set here once. The
+supervision poll stays at Monarch's 10 s: each poll of each mesh leaves ~10 KB in the client
+that is never given back (bench/supervision_growth.py: 33 KB/s per mesh at 300 ms), and the
+session's own watcher finds a dead process on this machine within ~0.25 s by its pid (see
+``Session._watch``). gloo's loopback interface is set per mesh, only for hosts on this machine
+(``LOOPBACK_ENV``).
 Monarch's default ``unhandled_fault_hook`` exits the client (it would kill the notebook
 kernel when any worker dies); we replace it with a dispatcher that fans failures out to
 listeners and always returns normally, which tells Monarch the fault was handled.
@@ -17,7 +20,7 @@ import warnings
 from typing import Any, Callable
 
 DEFAULT_ENV = {
-    "HYPERACTOR_MESH_SUPERVISION_POLL_FREQUENCY": "300ms",
+    "HYPERACTOR_MESH_SUPERVISION_POLL_FREQUENCY": "10s",
     # A proc that reports no state for this long is failed: calls into a cancelled SLURM
     # allocation raise after ~5.5 s instead of ~61 s (Monarch's default).
     "HYPERACTOR_MESH_GET_PROC_STATE_MAX_IDLE": "5s",
@@ -34,14 +37,15 @@ _installed = False
 
 def configure_environment() -> None:
     """Set defaults the user has not set; an explicit environment variable wins."""
-    late = "monarch" in sys.modules and "HYPERACTOR_MESH_SUPERVISION_POLL_FREQUENCY" not in os.environ
+    late = "monarch" in sys.modules and any(key not in os.environ for key in DEFAULT_ENV)
     for key, value in DEFAULT_ENV.items():
         os.environ.setdefault(key, value)
     if late:
-        # Monarch reads its supervision settings when it is imported.
+        # Monarch reads these settings when it is imported.
         warnings.warn(
-            "monarch was imported before monarch_nb, so worker failures take ~10 s to detect; "
-            "import monarch_nb first, or set HYPERACTOR_MESH_SUPERVISION_POLL_FREQUENCY=300ms",
+            "monarch was imported before monarch_nb, so calls into a lost allocation take ~61 s to fail "
+            "instead of ~5.5 s; import monarch_nb first, or set "
+            + " ".join(f"{k}={v}" for k, v in DEFAULT_ENV.items()),
             stacklevel=3,
         )
 

@@ -1,14 +1,16 @@
 """What the controller knows about one process mesh: its shape, processes and their health.
 
 A ``MeshHandle`` wraps a real Monarch ``ProcMesh`` (and, when its hosts came from a job - a
-local ProcessJob, a SLURM allocation, Kubernetes pods - that allocation). Health is kept per process: Monarch supervision marks a rank failed
-(see ``Session``), and ``refresh()`` also checks local pids, so ``status`` is truthful
-even for a process that died while nothing was calling it.
+local ProcessJob, a SLURM allocation, Kubernetes pods - that allocation). Health is kept per
+process: ``refresh()`` checks the pids of a mesh on this machine (the session's watcher calls it
+4 times a second), and Monarch supervision marks a rank failed (see ``Session``), so ``status``
+is truthful even for a process that died while nothing was calling it.
 """
 
 from __future__ import annotations
 
 import socket
+import threading
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,6 +30,7 @@ class ProcInfo:
     state: str = ALIVE
     reason: str = ""
     accounts: set[str] = field(default_factory=set)  # Monarch's words for it, once failed (each reported once)
+    expected: str = ""  # the cause, when the controller ends it on purpose (%monarch kill): the pid check says it
 
     @property
     def label(self) -> str:
@@ -68,6 +71,9 @@ class MeshHandle:
     stopped: bool = False
     log_dir: Any = None  # pathlib.Path where the workers' output goes (Session.logs)
     failure_action: str | None = None  # what the mesh's owner does when a rank fails (said in the notice)
+    local: bool = True  # its processes run on this machine (their pids can be checked here)
+    pid_watch: bool = True  # the session's watcher checks its pids (False: its owner does, naming the fault)
+    _lock: Any = field(default_factory=threading.Lock, repr=False, compare=False)
 
     @property
     def size(self) -> int:
@@ -92,22 +98,26 @@ class MeshHandle:
         return "healthy" if failed == 0 else ("failed" if failed == self.size else "degraded")
 
     def mark_failed(self, rank: int, reason: str) -> bool:
-        """Mark one rank failed; False if it already was (the hook fires more than once per death)."""
+        """Mark one rank failed; False if it already was (the hook fires more than once per death,
+        and several checks may find the same death) or the mesh is being stopped (our own doing)."""
         if not 0 <= rank < len(self.procs):
             return False
         proc = self.procs[rank]
-        if proc.state != ALIVE:
-            return False
-        proc.state, proc.reason = FAILED, reason
+        with self._lock:
+            if proc.state != ALIVE or self.stopped:
+                return False
+            proc.state, proc.reason = FAILED, reason
         return True
 
-    def refresh(self, reason: str = "process is gone (found by pid check)") -> list[int]:
-        """Check local pids; returns ranks newly found dead."""
-        local = socket.gethostname()
+    def refresh(self, reason: str | None = None) -> list[int]:
+        """Check the pids of processes on this machine; returns ranks newly found dead, marked
+        failed with ``reason`` (default: how the process ended, as ``gone`` words it)."""
+        here = socket.gethostname()
         dead = []
         for proc in self.procs:
-            if proc.state == ALIVE and proc.pid and proc.host == local and not pid_alive(proc.pid):
-                if self.mark_failed(proc.rank, reason):
+            if proc.state == ALIVE and proc.pid and (self.local or proc.host == here) and not pid_alive(proc.pid):
+                cause = reason or proc.expected or gone(proc.pid, proc.rank, exit_status(proc.pid))
+                if self.mark_failed(proc.rank, cause):
                     dead.append(proc.rank)
         return dead
 
@@ -124,6 +134,12 @@ def pid_alive(pid: int) -> bool:
         return proc.status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
+
+
+def gone(pid: int, rank: int, how: str | None, found: str = "found by pid check") -> str:
+    """A dead process's failure reason: "process 123 of rank 0 killed by signal 9 (SIGKILL)
+    (found by pid check)"; ``how`` None when its exit status was already reaped."""
+    return f"process {pid} of rank {rank} {how or 'is gone'} ({found})"
 
 
 def exit_status(pid: int) -> str | None:

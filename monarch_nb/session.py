@@ -37,6 +37,7 @@ FailureListener = Callable[["WorkerFailed | WorkerExitReported"], None]
 _NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.]*$")
 _AGENT_PREFIX = "_nb_agent_"
 JOB_WATCH_INTERVAL_S = 1.0
+PID_WATCH_INTERVAL_S = 0.25
 TIMEOUT_EVENT_INTERVAL_S = 10.0
 RECENT_MESH_MEMORY_S = 60.0
 _sessions: "list[weakref.ref[Session]]" = []
@@ -95,11 +96,11 @@ class Session:
         self._lock = threading.RLock()
         self._reaper = Reaper()
         self._closed = False
-        self._job_watch: threading.Thread | None = None
+        self._watcher: threading.Thread | None = None
         self._timeouts: dict[tuple[str, str], tuple[float, int]] = {}  # (mesh, endpoint) -> (last event, since)
         self._recent: dict[str, tuple[MeshHandle, float]] = {}  # unique actor mesh name -> (mesh, torn down at)
         self._log_dirs: dict[str, Path] = {}  # mesh name -> where its workers' logs are (kept after down)
-        self._job_watch_stop = threading.Event()
+        self._watch_stop = threading.Event()
         self._remove_hook = _runtime.add_fault_listener(self._on_fault)
         atexit.register(self.shutdown)
         _sessions.append(weakref.ref(self))
@@ -159,7 +160,7 @@ class Session:
         # Hosts of this machine talk over loopback (gloo would pick an interface by hostname).
         worker_env = {**(_runtime.LOOPBACK_ENV if local else {}), **(env or {})}
         handle = MeshHandle(name=name, shape={}, proc_mesh=None, job=job, allocation=allocation, env=env,
-                            log_dir=Path(log_dir).resolve() if log_dir else self.log_dir / "logs")
+                            log_dir=Path(log_dir).resolve() if log_dir else self.log_dir / "logs", local=local)
         with self._lock:
             self.meshes[name] = handle
             self._log_dirs[name] = handle.log_dir
@@ -186,8 +187,7 @@ class Session:
             self._reaper.guard([p.pid for p in handle.procs if p.pid])
         if allocation is not None:
             self._reaper.guard(allocation.pids(), commands=allocation.reaper_commands())
-            if allocation.status() is not None:
-                self._watch_jobs()
+        self._watch()
         self.events.append(MeshUp(mesh=name, shape=handle.shape, seconds=time.monotonic() - started))
         return handle
 
@@ -453,38 +453,50 @@ class Session:
             seam.forget_proc_mesh(handle.proc_mesh)
             handle.proc_mesh, handle.agent, handle.actors = None, None, {}
 
-    # ---- scheduler jobs --------------------------------------------------------------------
+    # ---- watching health ----------------------------------------------------------------
 
-    def _watch_jobs(self) -> None:
-        """Start (once) the thread that asks the scheduler about every allocation each second:
-        a preempted or cancelled allocation, or a node gone down under it, fails its mesh's
-        ranks at once instead of after Monarch's supervision timeouts."""
+    def _watch(self) -> None:
+        """Start (once) the thread that checks every mesh's health: the pids of processes on this
+        machine 4 times a second (a dead process is failed within ~0.25 s, without waiting for
+        Monarch's supervision poll, which monarch_nb leaves at Monarch's 10 s: each poll costs the
+        client memory it never gives back), and each allocation's scheduler once a second (a
+        preempted or cancelled allocation, or a node gone down under it, fails its mesh's ranks
+        at once instead of after Monarch's supervision timeouts). It ends with the last mesh."""
         with self._lock:
-            if self._job_watch is not None and self._job_watch.is_alive():
-                return
-            self._job_watch = threading.Thread(target=self._job_watch_loop, name="monarch_nb-job-watch", daemon=True)
-            self._job_watch.start()
+            if self._watcher is None:
+                self._watcher = threading.Thread(target=self._watch_loop, name="monarch_nb-watch", daemon=True)
+                self._watcher.start()
 
-    def _job_watch_loop(self) -> None:
-        while not self._job_watch_stop.wait(JOB_WATCH_INTERVAL_S):
+    def _watch_loop(self) -> None:
+        next_jobs = time.monotonic() + JOB_WATCH_INTERVAL_S
+        while not self._watch_stop.wait(PID_WATCH_INTERVAL_S):
             with self._lock:
-                watched = [h for h in self.meshes.values() if h.allocation is not None and not h.stopped
-                           and h.healthy_ranks]
-            for handle in watched:
-                try:
-                    status = handle.allocation.status()
-                except Exception as exc:  # the scheduler did not answer: try again next round
-                    log.debug("status of %s: %s", handle.name, exc)
-                    continue
-                if status is None or status.running or handle.stopped:
-                    continue
-                reason = status.describe(handle.allocation.kind.upper() if handle.allocation.kind != "slurm"
-                                         else "SLURM")
-                for rank in list(handle.healthy_ranks):
-                    if handle.mark_failed(rank, reason):
-                        self._record_failure(handle, rank, reason)
-            if not watched and not any(h.allocation is not None for h in self.snapshot()):
-                return
+                live = [h for h in self.meshes.values() if not h.stopped and h.healthy_ranks]
+                if not live:
+                    self._watcher = None  # under the lock: the next up() starts a new watcher
+                    return
+            for handle in live:
+                if handle.local and handle.pid_watch:
+                    for rank in handle.refresh():
+                        self._record_failure(handle, rank, handle.procs[rank].reason)
+            if time.monotonic() >= next_jobs:
+                next_jobs = time.monotonic() + JOB_WATCH_INTERVAL_S
+                for handle in live:
+                    if handle.allocation is not None:
+                        self._check_allocation(handle)
+
+    def _check_allocation(self, handle: MeshHandle) -> None:
+        try:
+            status = handle.allocation.status()
+        except Exception as exc:  # the scheduler did not answer: try again next round
+            log.debug("status of %s: %s", handle.name, exc)
+            return
+        if status is None or status.running or handle.stopped:
+            return
+        reason = status.describe(handle.allocation.kind.upper() if handle.allocation.kind != "slurm" else "SLURM")
+        for rank in list(handle.healthy_ranks):
+            if handle.mark_failed(rank, reason):
+                self._record_failure(handle, rank, reason)
 
     def views(self) -> dict[str, dict[str, str]]:
         """Per mesh, Monarch's own views of its job (dashboard, admin API) where enabled."""
@@ -640,7 +652,7 @@ class Session:
         try:
             self.down()
         finally:
-            self._job_watch_stop.set()
+            self._watch_stop.set()
             self._remove_hook()
             self._reaper.close()
             self.events.close()

@@ -20,7 +20,7 @@ import threading
 import time
 from typing import Any, Callable
 
-from ..meshes import exit_status, pid_alive
+from ..meshes import exit_status, gone, pid_alive
 from ..stacks import innermost_functions
 from ..telemetry.events import (
     Acquired,
@@ -131,9 +131,13 @@ class Supervisor:
                                  log_dir=self.log_dir, **kwargs)
         acquired_s = time.monotonic() - t0
         handle.failure_action = self.failure_action(mesh)
+        handle.pid_watch = mesh.startswith("spare")  # a group's pids: _dead_rank checks them, naming the fault
         store_port = _free_port() if cfg.group_size > 1 else None
         actors = self.session.spawn(actor, _trainer_class(), *trainer_args(store_port), mesh=mesh)
-        procs = [(p.pid, p.host) for p in handle.procs if p.pid]
+        # (pid, host) per rank; a host of this machine (a virtual SLURM node too) as this host's
+        # name, so the pid checks and the load figures below take it as running here.
+        here = socket.gethostname()
+        procs = [(p.pid, here if handle.local else p.host) for p in handle.procs if p.pid]
         self.spawned_pids.extend(pid for pid, _ in procs)
         return actors, procs, acquired_s
 
@@ -182,7 +186,8 @@ class Supervisor:
 
     def adopt(self, g: ReplicaGroup, spare: Spare) -> None:
         """A ready spare takes ``g``'s place: its mesh becomes ``g``'s and it joins as ``g``."""
-        self.session.rename(spare.mesh, g.name).failure_action = self.failure_action(g.name)
+        handle = self.session.rename(spare.mesh, g.name)
+        handle.failure_action, handle.pid_watch = self.failure_action(g.name), False
         self.groups.attach(g, spare.actors, spare.procs, time.monotonic())
         self.call(g, "activate", g.index, self._lighthouse(), g.attempts, timeout=30.0)
 
@@ -354,7 +359,7 @@ class Supervisor:
                     kind = self._fired_by(pid)
                     how = ENDS_PROCESS.get(kind or "")
                     found += f"; it fired an injected {kind} fault, per the fault log" if how else ""
-                return Failure(f"process {pid} of rank {rank} {how or 'is gone'} ({found})", rank, time.time(), "pid")
+                return Failure(gone(pid, rank, how, found), rank, time.time(), "pid")
         return None
 
     def check(self, g: ReplicaGroup) -> Failure | None:

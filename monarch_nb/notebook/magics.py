@@ -269,16 +269,16 @@ class MonarchMagics(Magics):
         if not 0 <= args.rank < handle.size:
             raise UsageError(f"rank {args.rank} is outside mesh {handle.name!r} (ranks 0..{handle.size - 1})")
         proc = handle.procs[args.rank]
-        if proc.host != socket.gethostname() or not proc.pid:
+        if not (handle.local or proc.host == socket.gethostname()) or not proc.pid:
             raise UsageError(f"rank {args.rank} of {handle.name!r} runs on {proc.host}; kill only reaches local workers")
+        cause = f"SIG{args.signal} sent by %monarch kill (pid {proc.pid} is gone)"
+        proc.expected = cause  # whichever check finds the pid gone first gives this cause
         os.kill(proc.pid, getattr(signal, f"SIG{args.signal}"))
         print(f"sent SIG{args.signal} to mesh {handle.name!r} rank {args.rank} (pid {proc.pid})")
         # The status that follows must show it: once the pid is gone the rank is reported failed
-        # with its cause, without waiting for Monarch's report (seconds on a busy host; if it came
-        # first, it is the one notice).
+        # with its cause, without waiting for the session's watcher (a quarter second).
         if _wait_gone(proc.pid, KILL_WAIT_S):
-            self.session.report_failure(handle.name, args.rank, f"SIG{args.signal} sent by %monarch kill "
-                                                                 f"(pid {proc.pid} is gone)")
+            self.session.report_failure(handle.name, args.rank, cause)
 
     def _cmd_train(self, args: Any) -> None:
         self.training.train(args, self.session, self.shell)
