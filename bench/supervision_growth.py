@@ -7,13 +7,14 @@ RSS after malloc_trim: 33 KB/s per mesh at 300ms (monarch_nb's default), 12 at 1
 setting is read at import: run once per value.
 
 Usage: HYPERACTOR_MESH_SUPERVISION_POLL_FREQUENCY=300ms python bench/supervision_growth.py [--meshes 4]
-       [--seconds 60] [--plain] [--actors 1]
+       [--seconds 60] [--plain] [--actors 1] [--out FILE.json (a record is added to its "records")]
 """
 
 from __future__ import annotations
 
 import argparse
 import ctypes
+import json
 import os
 import statistics
 import sys
@@ -46,6 +47,7 @@ def main() -> int:
     p.add_argument("--seconds", type=float, default=60)
     p.add_argument("--plain", action="store_true", help="Monarch alone: this_host().spawn_procs, no session")
     p.add_argument("--actors", type=int, default=1, help="actor meshes per proc mesh")
+    p.add_argument("--out", help="JSON file to add this measurement's record to")
     a = p.parse_args()
     session = Session()
     keep = []
@@ -66,9 +68,18 @@ def main() -> int:
             samples.append((time.time() - t0, rss_mb()))
             time.sleep(5)  # the sampling interval
         slope = statistics.linear_regression([t for t, _ in samples], [m for _, m in samples]).slope
-        print(f"poll={os.environ.get('HYPERACTOR_MESH_SUPERVISION_POLL_FREQUENCY')} meshes={a.meshes} "
+        poll = os.environ.get("HYPERACTOR_MESH_SUPERVISION_POLL_FREQUENCY")
+        print(f"poll={poll} meshes={a.meshes} "
               f"plain={a.plain} actors={a.actors}: RSS {samples[0][1]:.1f} -> {samples[-1][1]:.1f} MB, "
               f"{slope * 3600:.0f} MB/h, {slope * 1024 / max(1, a.meshes):.1f} KB/s per mesh", flush=True)
+        if a.out:
+            out = Path(a.out)
+            result = json.loads(out.read_text()) if out.exists() else {"records": []}
+            result["records"].append({"poll": poll, "meshes": a.meshes, "plain": a.plain, "actors": a.actors,
+                                      "seconds": a.seconds, "rss_mb": [[round(t, 1), round(m, 2)] for t, m in samples],
+                                      "mb_per_hour": round(slope * 3600, 1),
+                                      "kb_per_s_per_mesh": round(slope * 1024 / max(1, a.meshes), 2)})
+            out.write_text(json.dumps(result, indent=1) + "\n")
     finally:
         for procs in keep:
             procs.stop().get()
