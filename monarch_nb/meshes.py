@@ -109,16 +109,20 @@ class MeshHandle:
             proc.state, proc.reason = FAILED, reason
         return True
 
+    def gone_here(self) -> list[ProcInfo]:
+        """Live-marked processes on this machine whose pid is gone."""
+        here = socket.gethostname()
+        return [proc for proc in self.procs
+                if proc.state == ALIVE and proc.pid and (self.local or proc.host == here) and not pid_alive(proc.pid)]
+
     def refresh(self, reason: str | None = None) -> list[int]:
         """Check the pids of processes on this machine; returns ranks newly found dead, marked
         failed with ``reason`` (default: how the process ended, as ``gone`` words it)."""
-        here = socket.gethostname()
         dead = []
-        for proc in self.procs:
-            if proc.state == ALIVE and proc.pid and (self.local or proc.host == here) and not pid_alive(proc.pid):
-                cause = reason or proc.expected or gone(proc.pid, proc.rank, exit_status(proc.pid))
-                if self.mark_failed(proc.rank, cause):
-                    dead.append(proc.rank)
+        for proc in self.gone_here():
+            cause = reason or proc.expected or gone(proc.pid, proc.rank, exit_status(proc.pid))
+            if self.mark_failed(proc.rank, cause):
+                dead.append(proc.rank)
         return dead
 
     def __repr__(self) -> str:

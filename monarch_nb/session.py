@@ -38,6 +38,7 @@ _NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.]*$")
 _AGENT_PREFIX = "_nb_agent_"
 JOB_WATCH_INTERVAL_S = 1.0
 PID_WATCH_INTERVAL_S = 0.25
+JOB_SETTLE_S = 2.0  # how long a COMPLETING job is given to show its final state (CANCELLED, NODE_FAIL, ...)
 TIMEOUT_EVENT_INTERVAL_S = 10.0
 RECENT_MESH_MEMORY_S = 60.0
 _sessions: "list[weakref.ref[Session]]" = []
@@ -476,8 +477,10 @@ class Session:
                     self._watcher = None  # under the lock: the next up() starts a new watcher
                     return
             for handle in live:
-                if handle.local and handle.pid_watch:
-                    for rank in handle.refresh():
+                if handle.local and handle.pid_watch and handle.gone_here():
+                    # a process of an allocation that its scheduler ended died of that: say so
+                    cause = self._scheduler_cause(handle) if handle.allocation is not None else None
+                    for rank in handle.refresh(cause):
                         self._record_failure(handle, rank, handle.procs[rank].reason)
             if time.monotonic() >= next_jobs:
                 next_jobs = time.monotonic() + JOB_WATCH_INTERVAL_S
@@ -485,15 +488,28 @@ class Session:
                     if handle.allocation is not None:
                         self._check_allocation(handle)
 
+    def _scheduler_cause(self, handle: MeshHandle) -> str | None:
+        """The scheduler's account of an allocation it no longer runs ("SLURM job 60 is CANCELLED"),
+        or None while it runs it or does not answer. A job still COMPLETING (its processes being
+        killed) is given up to JOB_SETTLE_S to reach its final state, which names the cause."""
+        settle = time.monotonic() + JOB_SETTLE_S
+        while True:
+            try:
+                status = handle.allocation.status()
+            except Exception as exc:  # the scheduler did not answer: try again next round
+                log.debug("status of %s: %s", handle.name, exc)
+                return None
+            if status is None or status.running:
+                return None
+            if status.state != "COMPLETING" or time.monotonic() >= settle:
+                kind = handle.allocation.kind
+                return status.describe("SLURM" if kind == "slurm" else kind.upper())
+            time.sleep(0.05)
+
     def _check_allocation(self, handle: MeshHandle) -> None:
-        try:
-            status = handle.allocation.status()
-        except Exception as exc:  # the scheduler did not answer: try again next round
-            log.debug("status of %s: %s", handle.name, exc)
+        reason = self._scheduler_cause(handle)
+        if reason is None or handle.stopped:
             return
-        if status is None or status.running or handle.stopped:
-            return
-        reason = status.describe(handle.allocation.kind.upper() if handle.allocation.kind != "slurm" else "SLURM")
         for rank in list(handle.healthy_ranks):
             if handle.mark_failed(rank, reason):
                 self._record_failure(handle, rank, reason)

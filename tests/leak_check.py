@@ -24,6 +24,7 @@ from monarch_nb.jobs.local_cluster import CONTROLLER_ADDRS
 
 GRACE_S = 5.0  # threads join, processes exit, sockets close and jobs leave squeue within this
 POLL_S = 0.05
+MONARCH_CLIENT_ADDRS = (*CONTROLLER_ADDRS, "::1")
 
 
 @dataclass(frozen=True)
@@ -106,13 +107,14 @@ def _children() -> dict[tuple[int, float], tuple[int, str]]:
 
 def _listening() -> dict[str, str]:
     """Listening sockets of this process, except Monarch's client on the netns cluster's controller
-    address: the client listens once per channel transport for the life of the process (measured:
-    still listening 60 s after its last mesh, and after Session.shutdown), and only it binds there
-    in this process. (On the one-namespace cluster the client's loopback listener is open before
-    the SLURM tests run: test_ft_placement's ProcessJob opens it.)"""
+    address and on IPv6 loopback: the client listens once per channel transport for the life of the
+    process (measured: still listening 60 s after its last mesh, and after Session.shutdown), and
+    only it binds there in this process. (In the whole suite the loopback listener is opened before
+    the SLURM tests by test_ft_placement's ProcessJob; run alone, test_slurm.py's first test opened
+    it and was charged with it.)"""
     conns = psutil.Process().net_connections(kind="inet")
     addrs = (f"{c.laddr.ip}:{c.laddr.port}" for c in conns
-             if c.status == psutil.CONN_LISTEN and c.laddr.ip not in CONTROLLER_ADDRS)
+             if c.status == psutil.CONN_LISTEN and c.laddr.ip not in MONARCH_CLIENT_ADDRS)
     return {a: a for a in addrs}
 
 
