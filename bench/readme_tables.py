@@ -74,13 +74,40 @@ def seed_block(result: dict[str, Any]) -> str:
     else:
         stall = (f"a survivor's stall of {a['stall_fixed_s']:.2f} s + {a['stall_steps_per_step']:.2f} steps "
                  "(its fit against the step time: a quorum change and the steps it loses)")
+    if "parts" in result:
+        p = result["parts"]
+        med = p["medians"]
+        top = max(int(g) for g in med["store"])
+        big = [c for c in p["composed_cluster"] if c["groups"] == a["groups"]][0]
+        check = ", ".join(f"R={r['groups']} {r['composed_s']:.1f} s vs {r['measured_s']:.1f} s"
+                          for r in p["check"] if r["model"] == p["model"])
+        fixed = (
+            f"Measured here, one part at a time (`bench/bench_cost_parts.py`, `{p['from']}`, "
+            f"{p['model']} flavour): one group back alone, the only thing rebuilding, a kill to its first "
+            f"step: peer recovery {a['back_fixed_s']:.1f} s wall ({p['alone']['peer']['cpu_s']:.1f} CPU-s in "
+            f"its new process), restart from disk {a['restart_fixed_s']:.1f} s "
+            f"({p['alone']['restart']['cpu_s']:.1f} CPU-s). What grows with R, each with R real processes: "
+            f"a TCPStore rendezvous {med['store']['1']['wall_s'] * 1e3:.0f} ms at R=1 and "
+            f"{med['store'][str(top)]['wall_s'] * 1e3:.0f} ms at R={top}, a gloo process group "
+            f"{med['process_group']['1']['wall_s'] * 1e3:.0f} and {med['process_group'][str(top)]['wall_s'] * 1e3:.0f} ms, "
+            f"torchft's per-step Lighthouse quorum {med['quorum_steady']['1']['wall_s'] * 1e3:.1f} and "
+            f"{med['quorum_steady'][str(top)]['wall_s'] * 1e3:.1f} ms, R processes reading the whole "
+            f"checkpoint at once {med['dcp_read']['1']['wall_s'] * 1e3:.0f} and "
+            f"{med['dcp_read'][str(top)]['wall_s'] * 1e3:.0f} ms. Composed (`costmodel.compose`): on a "
+            f"cluster the R restarts overlap (one node each) and only the rendezvous is shared "
+            f"({big['rendezvous_s'] * 1e3:.0f} ms at R={a['groups']}, a line in R past {top}); on this box "
+            f"they share two cores, max(alone, R x CPU-s / 2) + rendezvous, which against the restarts "
+            f"`{result['from']}` measured gives {check} (composed vs measured). "
+            f"{stall[0].upper() + stall[1:]}.")
+    else:
+        fixed = (f"Measured here (the fit of `{result['from']}`): the victim's time out at zero state "
+                 f"{a['back_fixed_s']:.1f} s and one group's restart at zero state {a['restart_fixed_s']:.1f} s "
+                 f"(detect, teardown, acquire, process start, quorum, rejoin), {stall}.")
     return "\n".join([
         _wrap("Extrapolated to the seed's clusters by `bench/seed_clusters.py` (`costmodel.extrapolate`; "
         "`bench/results/seed_clusters.json` names every input with its value and source, and this "
-        "paragraph and table are written from it by `bench/readme_tables.py`). Measured here (the fit "
-        f"of `{result['from']}`): the victim's time out at zero state {a['back_fixed_s']:.1f} s and one "
-        f"group's restart at zero state {a['restart_fixed_s']:.1f} s (detect, teardown, acquire, process "
-        f"start, quorum, rejoin), {stall}. Assumed: Llama 3 8B at {_g(a['bytes_per_param'])} bytes per "
+        "paragraph and table are written from it by `bench/readme_tables.py`). "
+        f"{fixed} Assumed: Llama 3 8B at {_g(a['bytes_per_param'])} bytes per "
         f"parameter = {d['state_gb']:.0f} GB of state per group, one group per node of 8 GPUs, a fault "
         f"every {_g(a['fault_every_s'])} s, step {_g(a['step_s'])} s, heal at {_g(a['heal_GBps'])} GB/s node "
         f"to node, a group's restart and build at 8B {_g(a['restart_s'])} s on top of the fixed part "

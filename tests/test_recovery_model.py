@@ -215,7 +215,7 @@ from pathlib import Path  # noqa: E402
 
 from bench_scripts import load_bench  # noqa: E402
 
-from monarch_nb.ft.costmodel import SEED_CLUSTERS, Cluster, extrapolate, fit  # noqa: E402
+from monarch_nb.ft.costmodel import OVERLAP, SEED_CLUSTERS, Cluster, Parts, compose, extrapolate, fit  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -297,6 +297,48 @@ def test_scale_records_replace_the_fits_stall_only_with_a_trend_in_r():
     assert z["assumptions"]["stall_steps"]["value"] == pytest.approx(5.0)
     assert "straight line in R" in z["assumptions"]["stall_steps"]["source"]
 
+
+
+def _parts_json(restart=(4.0, 3.0), peer=(3.0, 2.5)):
+    """bench_cost_parts.py's shape: store + process group grow 0.01 s per group, quorum 1 ms per 8."""
+    parts = []
+    for groups in (1, 2, 4, 8, 16):
+        parts += [{"part": "store", "groups": groups, "wall_s": 0.01 * groups, "cpu_s": 0.001 * groups},
+                  {"part": "process_group", "groups": groups, "wall_s": 0.01 * groups, "cpu_s": 0.002 * groups},
+                  {"part": "quorum_steady", "groups": groups, "wall_s": 0.001 * groups / 8, "cpu_s": 0.0},
+                  {"part": "dcp_read", "groups": groups, "wall_s": 0.02 * groups, "cpu_s": 0.01 * groups}]
+    return {"alone": {"tiny": {"peer": {"wall_s": peer[0], "cpu_s": peer[1]},
+                               "restart": {"wall_s": restart[0], "cpu_s": restart[1]}}}, "parts": parts}
+
+
+def test_composed_restarts_overlap_on_a_cluster_and_share_the_cores_on_one_box():
+    parts = Parts.from_json(_parts_json())
+    assert parts.rendezvous(1) == 0.0
+    assert parts.rendezvous(16) == pytest.approx(0.02 * 15)  # beyond what one group alone paid
+    assert parts.at("store", 32) == pytest.approx(0.32)  # a line in R past the largest R measured
+    cluster = compose(parts, 16)
+    assert cluster["restart_wall_s"] == pytest.approx(4.0 + 0.3)  # 16 nodes rebuild at once
+    assert cluster["restart_group_s"] == pytest.approx(16 * 4.3)
+    box = compose(parts, 16, cores=2)
+    assert box["restart_wall_s"] == pytest.approx(16 * 3.0 / 2 + 0.3)  # 16 rebuilds on 2 cores
+    assert compose(parts, 1, cores=2)["restart_wall_s"] == pytest.approx(4.0)  # alone: its own wall
+
+
+def test_parts_replace_the_fits_intercepts_and_add_rendezvous_and_per_step_quorum():
+    base, c = measured_fit(), SEED_CLUSTERS[0]
+    x = extrapolate(base, c)
+    slow = extrapolate(base, c, parts=Parts.from_json(_parts_json(restart=(14.0, 3.0))))
+    fast = extrapolate(base, c, parts=Parts.from_json(_parts_json(restart=(4.0, 3.0))))
+    assert fast["assumptions"]["restart_fixed_s"]["value"] == 4.0
+    assert "alone" in fast["assumptions"]["restart_fixed_s"]["source"]
+    assert slow["restart_group_s"] == pytest.approx(fast["restart_group_s"] + 10.0 * c.groups)
+    assert fast["assumptions"]["rendezvous_s"]["value"] == pytest.approx(0.02 * 15)
+    assert fast["assumptions"]["quorum_per_step_s"]["value"] == pytest.approx(0.002)
+    assert fast["peer_group_s"] != x["peer_group_s"]  # the victim's time out alone, not the fit's
+    assert fast["assumptions"]["back_fixed_s"]["value"] == 3.0
+    no_quorum = 1 - fast["peer_group_s"] / (c.groups * c.fault_every_s)
+    assert fast["goodput_peer"] == pytest.approx(no_quorum - 0.002 / c.step_s)
+    assert set(OVERLAP) <= set(fast["model"])
 
 
 def test_soak_reread_recomputes_the_logs_figures_and_keeps_the_live_ones(tmp_path):

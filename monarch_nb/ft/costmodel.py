@@ -186,18 +186,39 @@ def stall_steps_from_scale(records: list[dict[str, Any]], groups: int) -> tuple[
                                       f"R={sorted(med)}, a straight line in R taken to R={groups}")
 
 
-def extrapolate(fit: Fit, cluster: Cluster, scale: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+def extrapolate(fit: Fit, cluster: Cluster, scale: list[dict[str, Any]] | None = None,
+                parts: Parts | None = None) -> dict[str, Any]:
     """One failure's cost both ways, and the goodput, at ``cluster``: measured parts from ``fit``
     (and, for the survivors' stall, from ``scale`` records when they hold a trend in R), the
-    rest ``cluster``'s assumptions. Every input is returned by name with its value and source."""
+    rest ``cluster``'s assumptions. With ``parts`` (bench_cost_parts.py), the fixed parts are
+    one group's recovery and restart measured alone instead of the fit's intercepts (which R
+    groups rebuilding on two cores inflate), a restart adds the rendezvous of R groups, and
+    peer recovery pays the per-step quorum at R (OVERLAP). Every input is returned by name with
+    its value and source."""
     c = cluster
     assumptions: dict[str, dict[str, Any]] = {
         f.name: {"value": getattr(c, f.name), "source": "assumed: " + ASSUMED[f.name]}
         for f in fields(c) if f.name in ASSUMED}
-    assumptions["back_fixed_s"] = {"value": fit.back_s[0], "source": (
-        "measured here (fit): intercept of the victim's time out against state (back_s)")}
-    assumptions["restart_fixed_s"] = {"value": fit.restart_s[0], "source": (
-        "measured here (fit): intercept of one group's restart against state (restart_s)")}
+    rendezvous = quorum = 0.0
+    if parts is None:
+        assumptions["back_fixed_s"] = {"value": fit.back_s[0], "source": (
+            "measured here (fit): intercept of the victim's time out against state (back_s)")}
+        assumptions["restart_fixed_s"] = {"value": fit.restart_s[0], "source": (
+            "measured here (fit): intercept of one group's restart against state (restart_s)")}
+    else:
+        assumptions["back_fixed_s"] = {"value": parts.peer_alone[0], "source": (
+            f"measured here alone (bench_cost_parts.py, {parts.model}): a kill to the victim's first "
+            "step, one group rebuilding (detect, teardown, spawn, build, heal, quorum)")}
+        assumptions["restart_fixed_s"] = {"value": parts.restart_alone[0], "source": (
+            f"measured here alone (bench_cost_parts.py, {parts.model}): a kill to the first step after "
+            "a restart from disk of one group, the only thing rebuilding")}
+        rendezvous, quorum = parts.rendezvous(c.groups), parts.at("quorum_steady", c.groups)
+        assumptions["rendezvous_s"] = {"value": rendezvous, "source": (
+            f"measured here (bench_cost_parts.py): TCPStore and gloo process group of R processes, "
+            f"beyond R=1, at R={c.groups} (a line in R beyond the largest R measured)")}
+        assumptions["quorum_per_step_s"] = {"value": quorum, "source": (
+            f"measured here (bench_cost_parts.py): a torchft Lighthouse quorum of R groups, every step, "
+            f"at R={c.groups}")}
     stall_a, stall_b = fit.stall_vs_step
     from_scale = stall_steps_from_scale(scale, c.groups) if scale else None
     model = dict(MODEL)
@@ -215,16 +236,20 @@ def extrapolate(fit: Fit, cluster: Cluster, scale: list[dict[str, Any]] | None =
             "a survivor loses the steps bench_scale.py measured at this R, each at the cluster's step_s"))
     state = c.state_gb
     interval = c.young_daly_interval_s()
-    back_spare = fit.back_s[0] + state / c.heal_GBps + c.step_s
+    restart_fixed = assumptions["restart_fixed_s"]["value"]
+    back_spare = assumptions["back_fixed_s"]["value"] + state / c.heal_GBps + c.step_s
     back = back_spare + c.restart_s
-    per_group_restart = fit.restart_s[0] + c.restart_s + state / c.checkpoint_read_GBps + interval / 2
+    per_group_restart = restart_fixed + rendezvous + c.restart_s + state / c.checkpoint_read_GBps + interval / 2
     peer = back + (c.groups - 1) * stall
     peer_spare = back_spare + (c.groups - 1) * stall
     restart = c.groups * per_group_restart
     exposure = c.groups * c.fault_every_s
-    goodput_peer = max(0.0, 1.0 - peer / exposure)
-    goodput_spare = max(0.0, 1.0 - peer_spare / exposure)
+    per_step = quorum / c.step_s  # torchft's quorum every step; a plain restart job has none
+    goodput_peer = max(0.0, 1.0 - peer / exposure - per_step)
+    goodput_spare = max(0.0, 1.0 - peer_spare / exposure - per_step)
     goodput_restart = max(0.0, 1.0 - restart / exposure - c.save_stall_s / interval)
+    if parts is not None:
+        model = dict(model, **OVERLAP)
     return {
         "cluster": c.name, "assumptions": assumptions, "model": model,
         "derived": {"state_gb": state, "young_daly_interval_s": interval, "survivor_stall_s": stall,
@@ -241,3 +266,75 @@ SEED_CLUSTERS = (
     Cluster("32 nodes x 8 MI355, Llama 3 8B, fault / 180 s", groups=32, params_b=8.0, heal_GBps=50.0,
             step_s=1.5),
 )
+
+
+# ---- composed from parts measured one at a time (bench/bench_cost_parts.py) ---------------
+
+OVERLAP = {
+    "groups_rebuild_in_parallel": "on a cluster each group restarts on its own node: R restarts overlap "
+                                  "fully and cost one group's restart alone in wall time (here R share two "
+                                  "cores: max(alone, R x CPU-seconds / cores))",
+    "rendezvous_is_shared": "the store and the process group wait for the last process: every group "
+                            "idles through the rendezvous of all R (measured against R, a line beyond 16)",
+    "checkpoint_read_at_cluster_rate": "each group reads its own copy at the assumed per-group file-system "
+                                       "rate; the growth of the concurrent read measured here is this box's "
+                                       "one disk and two cores",
+    "peer_victim_overlaps_survivors": "a victim's start, build and heal overlap the survivors' training: "
+                                      "only its own group-seconds and the survivors' stall are lost",
+    "quorum_every_step": "torchft asks the Lighthouse for a quorum every step: peer recovery pays "
+                         "quorum_steady(R) per step, a plain torchtitan job does not",
+}
+
+
+@dataclass(frozen=True)
+class Parts:
+    """bench_cost_parts.py's medians: one group back alone (wall, CPU-seconds) per way, and each
+    R-dependent part (wall, CPU-seconds summed over the R processes) per group count."""
+
+    model: str
+    peer_alone: tuple[float, float]
+    restart_alone: tuple[float, float]
+    by_part: dict[str, dict[int, tuple[float, float]]]
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any], model: str | None = None) -> "Parts":
+        alone = data["alone"][model or next(iter(data["alone"]))]
+        by_part: dict[str, dict[int, list[dict[str, Any]]]] = {}
+        for r in data["parts"]:
+            by_part.setdefault(r["part"], {}).setdefault(int(r["groups"]), []).append(r)
+        med = {part: {g: (statistics.median(x["wall_s"] for x in rows), statistics.median(x["cpu_s"] for x in rows))
+                      for g, rows in sorted(by_r.items())} for part, by_r in by_part.items()}
+        return cls(model=model or next(iter(data["alone"])),
+                   peer_alone=(alone["peer"]["wall_s"], alone["peer"]["cpu_s"]),
+                   restart_alone=(alone["restart"]["wall_s"], alone["restart"]["cpu_s"]), by_part=med)
+
+    def at(self, part: str, groups: int) -> float:
+        """The part's wall time at ``groups``: measured there, else a straight line in R through
+        the measured group counts (never below the smallest measured)."""
+        rows = self.by_part.get(part, {})
+        if not rows:
+            return 0.0
+        if groups in rows:
+            return rows[groups][0]
+        a, b = _line((g, w) for g, (w, _) in rows.items())
+        return max(min(w for w, _ in rows.values()), a + b * groups)
+
+    def rendezvous(self, groups: int) -> float:
+        """What a restart of R groups waits for beyond what one group alone already paid."""
+        return max(0.0, sum(self.at(p, groups) - self.at(p, 1) for p in ("store", "process_group")))
+
+
+def compose(parts: Parts, groups: int, cores: int | None = None) -> dict[str, Any]:
+    """One failure's wall time and group-seconds at ``groups``, both ways, from the parts: on a
+    cluster (one node per group, ``cores`` None) and on one box of ``cores`` cores, where the R
+    restarts share the cores (OVERLAP says which parts overlap where)."""
+    peer_wall, peer_cpu = parts.peer_alone
+    restart_wall, restart_cpu = parts.restart_alone
+    shared = parts.rendezvous(groups)
+    rebuild = restart_wall if cores is None else max(restart_wall, groups * restart_cpu / cores)
+    restart = rebuild + shared
+    return {"groups": groups, "where": "cluster" if cores is None else f"{cores} cores",
+            "restart_wall_s": restart, "restart_group_s": groups * restart,
+            "restart_cpu_s": groups * restart_cpu, "rendezvous_s": shared,
+            "peer_victim_out_s": peer_wall, "peer_cpu_s": peer_cpu,
+            "quorum_per_step_s": parts.at("quorum_steady", groups)}
