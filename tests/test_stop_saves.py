@@ -52,8 +52,8 @@ def test_stop_waits_for_a_save_in_flight_and_leaves_it_complete(tmp_path, monkey
     assert f"newest checkpoint: step {step} (complete)" in str(report)
     # where the stop's time went: in order, adding up to it, the wait for the save among them
     phases = dict(report.phases)
-    assert list(phases)[:3] == ["supervisor", "saves", "groups"] and "dashboard" in phases, report.phases
-    assert abs(sum(phases.values()) - report.seconds) < 0.05 and phases["saves"] > 0.5, report.phases
+    assert list(phases)[:3] == ["supervisor", "finish", "groups"] and "dashboard" in phases, report.phases
+    assert abs(sum(phases.values()) - report.seconds) < 0.05 and phases["finish"] > 0.5, report.phases
     assert_gone(run.spawned_pids + [run.lighthouse_pid], timeout=20)
 
 

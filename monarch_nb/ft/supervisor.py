@@ -623,15 +623,14 @@ class Supervisor:
 
     # ---- stopping ----------------------------------------------------------------------
 
-    def finish_saves(self, save_timeout: float, join_timeout: float = 3.0) -> None:
-        """Before a stop: every group with live processes ends its step and completes a durable
-        save still writing, so the newest checkpoint of a stopped run is complete (a torn one
-        would be skipped on resume, losing up to ``checkpoint_every`` steps). A save still
-        writing after ``save_timeout`` s is abandoned (the worker reports it); then the last
-        events are read. Groups in parallel, whatever their state: in restart mode the saver
-        may be in any state when the stop comes."""
-        if not self.config.checkpoint_every:
-            return
+    def finish_groups(self, save_timeout: float, join_timeout: float = 3.0) -> None:
+        """Before a stop: every group with live processes ends its step, leaves the quorum and
+        completes a durable save still writing, so the newest checkpoint of a stopped run is
+        complete (a torn one would be skipped on resume, losing up to ``checkpoint_every``
+        steps) and no group is killed mid-collective. A save still writing after
+        ``save_timeout`` s is abandoned (the worker reports it); then the last events are read.
+        Groups in parallel, whatever their state: in restart mode the saver may be in any state
+        when the stop comes."""
         with self.groups.lock:
             # not FAILED or RESPAWNING: their processes are dead or being replaced (no save in flight)
             groups = [g for g in self.groups if g.actors is not None
