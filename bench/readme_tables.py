@@ -79,8 +79,9 @@ def seed_block(result: dict[str, Any]) -> str:
         med = p["medians"]
         top = max(int(g) for g in med["store"])
         big = [c for c in p["composed_cluster"] if c["groups"] == a["groups"]][0]
-        check = ", ".join(f"R={r['groups']} {r['composed_s']:.1f} s vs {r['measured_s']:.1f} s"
-                          for r in p["check"] if r["model"] == p["model"])
+        checked = sorted({r["model"] for r in p["check"]})
+        check = "; ".join(f"{m}: " + ", ".join(f"R={r['groups']} {r['composed_s']:.1f} s vs {r['measured_s']:.1f} s"
+                                               for r in p["check"] if r["model"] == m) for m in checked)
         fixed = (
             f"Measured here, one part at a time (`bench/bench_cost_parts.py`, `{p['from']}`, "
             f"{p['model']} flavour): one group back alone, the only thing rebuilding, a kill to its first "
@@ -96,8 +97,9 @@ def seed_block(result: dict[str, Any]) -> str:
             f"{med['dcp_read'][str(top)]['wall_s'] * 1e3:.0f} ms. Composed (`costmodel.compose`): on a "
             f"cluster the R restarts overlap (one node each) and only the rendezvous is shared "
             f"({big['rendezvous_s'] * 1e3:.0f} ms at R={a['groups']}, a line in R past {top}); on this box "
-            f"they share two cores, max(alone, R x CPU-s / 2) + rendezvous, which against the restarts "
-            f"`{result['from']}` measured gives {check} (composed vs measured). "
+            f"they share two cores, max(alone, R x CPU-s / 2) + rendezvous, which against the restarts of "
+            f"R groups that `{result['from']}` measured gives ({check}; composed vs measured, each model's "
+            "own parts alone). "
             f"{stall[0].upper() + stall[1:]}.")
     else:
         fixed = (f"Measured here (the fit of `{result['from']}`): the victim's time out at zero state "
@@ -190,7 +192,14 @@ def _scale_targets(result: dict[str, Any]) -> list[str]:
                  max(r["rss_mb_per_group"] for r in runs.values()) <= 400)]
 
 
-def soak_kernel_block(soak: dict[str, Any], churn: dict[str, Any] | None) -> str:
+def _stop_phases(soak: dict[str, Any]) -> str:
+    """" (supervisor 0.1 s, finish 0.5 s, ...)" from the stop's own report, where the soak kept it."""
+    found = re.search(r"stopped in [0-9.]+ s (\([^)]*\))", soak.get("stop_text", ""))
+    return f" {found.group(1)}" if found else ""
+
+
+def soak_kernel_block(soak: dict[str, Any], churn: dict[str, Any] | None,
+                      supervision: dict[str, Any] | None = None) -> str:
     """The kernel soak: memory slope, notices per failure, stop time, recoveries."""
     a = soak["args"]
     rss = soak["rss_mb"]
@@ -203,7 +212,7 @@ def soak_kernel_block(soak: dict[str, Any], churn: dict[str, Any] | None) -> str
             f"{soak['recoveries']} recoveries recovered (median {soak['median_total_s']:.1f} s), final identity check "
             f"{'identical' if soak['final_identical'] else 'NOT identical'}, {len(soak['processes_left'])} processes left. "
             f"**Notices: {soak['notices']}** for {soak['worker_failed_events']} `worker_failed` events "
-            f"({soak['worker_failed_late']} late). `%monarch stop` took **{soak['stop_s']:.1f} s**. "
+            f"({soak['worker_failed_late']} late). `%monarch stop` took **{soak['stop_s']:.1f} s**{_stop_phases(soak)}. "
             f"Kernel RSS {rss[0][1]:.0f} MB at start, {fit[0]:.0f} MB after the {soak['rss_fit_after_s'] / 60:g}-minute "
             f"warm-up, {rss[-1][1]:.0f} MB at the end: **slope {soak['rss_slope_mb_per_hour']:.0f} MB per hour** "
             f"(target <= 5).")
@@ -215,11 +224,25 @@ def soak_kernel_block(soak: dict[str, Any], churn: dict[str, Any] | None) -> str
                  f"after {by['mesh_monarch']['units']} meshes) and {by['mesh_session']['kb_per_unit']:.0f} KB through "
                  f"monarch_nb's session ({by['mesh_session']['meshes_alive_after']} alive); each actor call keeps "
                  f"**{by['call_monarch']['kb_per_unit']:.2f} KB** in Monarch alone and "
-                 f"{by['call_session']['kb_per_unit']:.2f} KB on the supervisor's path. Every recovered fault is "
-                 f"a mesh cycle and the supervisor polls every group {1 / soak['poll_interval_s']:g} times a "
-                 + (f"second ({soak['calls_per_s']:.1f} calls a second in all in this soak)" if "calls_per_s" in soak
-                    else "second") + ": this native growth, which no Python object of ours holds, is a large part "
-                 f"of the slope above (the rest is not yet attributed).")
+                 f"{by['call_session']['kb_per_unit']:.2f} KB on the supervisor's path.")
+        poll = soak.get("supervision_poll")
+        polls = [r for r in (supervision or {}).get("records", []) if r["poll"] == poll and not r["plain"]]
+        if poll and polls and "calls_per_s" in soak:
+            hours = a["minutes"] / 60
+            meshes = a["replicas"] + a["spares"]
+            mesh_mb = soak["recoveries"] / hours * by["mesh_session"]["kb_per_unit"] / 1024
+            poll_mb = meshes * polls[-1]["kb_per_s_per_mesh"] * 3600 / 1024
+            call_mb = soak["calls_per_s"] * by["call_session"]["kb_per_unit"] * 3600 / 1024
+            total = mesh_mb + poll_mb + call_mb
+            text += (f" Attributed from those figures: the {soak['recoveries']} recoveries, each a new process "
+                     f"mesh, {mesh_mb:.0f} MB/h; Monarch's supervision poll of {meshes} live meshes at its {poll} "
+                     f"(`bench/supervision_growth.py`: {polls[-1]['kb_per_s_per_mesh']:.1f} KB/s per mesh) "
+                     f"{poll_mb:.0f} MB/h; {soak['calls_per_s']:.1f} calls a second {call_mb:.0f} MB/h: "
+                     f"{total:.0f} of the {soak['rss_slope_mb_per_hour']:.0f} MB/h measured. The mesh cycles alone "
+                     "put the target out of reach while Monarch keeps what it keeps of every process mesh: a fault "
+                     "every 20 s that replaces a process is a new mesh every 20 s.")
+        else:
+            text += " This native growth, which no Python object of ours holds, is a large part of the slope above."
     return _wrap(text)
 
 
@@ -359,8 +382,10 @@ def blocks() -> dict[str, str]:
     soak = REPO / "bench/results/soak_kernel.json"
     if soak.exists():
         churn = REPO / "bench/results/monarch_leaks.json"
+        polls = REPO / "bench/results/supervision_growth.json"
         out["soak_kernel"] = soak_kernel_block(json.loads(soak.read_text()),
-                                               json.loads(churn.read_text()) if churn.exists() else None)
+                                               json.loads(churn.read_text()) if churn.exists() else None,
+                                               json.loads(polls.read_text()) if polls.exists() else None)
     heal = REPO / "bench/results/heal.json"
     if heal.exists():
         out["heal"] = heal_block(json.loads(heal.read_text()))

@@ -291,9 +291,11 @@ def kernel_soak(a: argparse.Namespace, kinds: list[str]) -> dict:
         cells.run("run.stop_schedule()")
         cells.run(SETTLE)  # every group training again (or given up) before the last identity check
         check = cells.run("_c = run.check_identical(timeout=120); print(bool(_c and _c.identical))").strip()
+        poll = cells.run("import os; print(os.environ.get('HYPERACTOR_MESH_SUPERVISION_POLL_FREQUENCY', 'unset'))")
         t_stop = time.time()
-        print(cells.run("%monarch stop"), flush=True)
+        stop_text = cells.run("%monarch stop")
         stop_s = time.time() - t_stop
+        print(stop_text, flush=True)
         cells.run("pass")  # notices held after the last cell
     finally:
         samples = rss.stop()
@@ -303,6 +305,7 @@ def kernel_soak(a: argparse.Namespace, kinds: list[str]) -> dict:
         "faults_sent": len(history.events.events(FaultInjected)),
         "final_identical": check.endswith("True"),
         "stop_s": round(stop_s, 2), "run_dir": run_dir, "calls_per_s": round(calls / calls_s, 2),
+        "stop_text": stop_text.strip(), "supervision_poll": poll.strip(),
         **memory_fields(samples, a.fit_after), **notices_fields(history, cells.notices),
     }
 
