@@ -502,8 +502,7 @@ class Session:
             if status is None or status.running:
                 return None
             if status.state != "COMPLETING" or time.monotonic() >= settle:
-                kind = handle.allocation.kind
-                return status.describe("SLURM" if kind == "slurm" else kind.upper())
+                return status.describe(handle.allocation.kind.upper())
             time.sleep(0.05)
 
     def _check_allocation(self, handle: MeshHandle) -> None:

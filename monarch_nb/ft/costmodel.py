@@ -298,13 +298,14 @@ class Parts:
 
     @classmethod
     def from_json(cls, data: dict[str, Any], model: str | None = None) -> "Parts":
-        alone = data["alone"][model or next(iter(data["alone"]))]
+        model = model or next(iter(data["alone"]))
+        alone = data["alone"][model]
         by_part: dict[str, dict[int, list[dict[str, Any]]]] = {}
         for r in data["parts"]:
             by_part.setdefault(r["part"], {}).setdefault(int(r["groups"]), []).append(r)
         med = {part: {g: (statistics.median(x["wall_s"] for x in rows), statistics.median(x["cpu_s"] for x in rows))
                       for g, rows in sorted(by_r.items())} for part, by_r in by_part.items()}
-        return cls(model=model or next(iter(data["alone"])),
+        return cls(model=model,
                    peer_alone=(alone["peer"]["wall_s"], alone["peer"]["cpu_s"]),
                    restart_alone=(alone["restart"]["wall_s"], alone["restart"]["cpu_s"]), by_part=med)
 
