@@ -10,7 +10,6 @@ for interactive use lives here: names, health, deadlines, failure events, replac
 
 from __future__ import annotations
 
-import atexit
 import functools
 import logging
 import os
@@ -22,7 +21,7 @@ import weakref
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from . import _runtime, seam, worker_logs
+from . import _runtime, lifetime, seam, worker_logs
 from . import stacks as stacks_
 from .calls import CallWatch, MeshResult, gather, raise_for_outcome, receive
 from .errors import CallInterrupted, CallTimeout, MonarchNbError, RemoteError, UnknownMeshError
@@ -103,7 +102,7 @@ class Session:
         self._log_dirs: dict[str, Path] = {}  # mesh name -> where its workers' logs are (kept after down)
         self._watch_stop = threading.Event()
         self._remove_hook = _runtime.add_fault_listener(self._on_fault)
-        atexit.register(self.shutdown)
+        lifetime.on_exit(self.shutdown)
         _sessions.append(weakref.ref(self))
 
     # ---- meshes -----------------------------------------------------------------------
@@ -671,7 +670,7 @@ class Session:
             self._remove_hook()
             self._reaper.close()
             self.events.close()
-            atexit.unregister(self.shutdown)
+            lifetime.cancel(self.shutdown)
 
     close = shutdown
 

@@ -146,3 +146,28 @@ def test_a_kernel_killed_mid_run_leaves_no_process_and_a_readable_interrupted_ru
     summary = history.summary()
     assert summary["state"] == "interrupted" and summary["committed_steps"] >= 3, summary
     assert summary["skipped_lines"] <= 1  # at most the line the kernel was writing when it died
+
+
+def test_a_kernel_shut_down_mid_run_stops_the_run_before_its_processes_are_signalled(kernel):
+    """ipykernel's shutdown SIGTERMs every child in its process group before Python's atexit
+    runs: without the extension's hook the run's Lighthouse and workers died under a run that
+    still supervised them (the Lighthouse restarted four times, the run never recorded a stop)."""
+    km, client = kernel
+    status, out = run(client, textwrap.dedent("""
+        import json
+        %monarch train --replicas 2 --name shut-kernel
+        run.wait_for_step(2, timeout=240)
+        print("RUN" + json.dumps({"dir": str(run.run_dir), "pids": run.spawned_pids + [run.lighthouse_pid]}))
+    """), timeout=300)
+    assert status == "ok", out
+    info = json.loads(out.split("RUN", 1)[1].splitlines()[0])
+    km.shutdown_kernel(now=False)
+    assert_gone(info["pids"], timeout=20)
+    from monarch_nb import open_run
+
+    history = open_run(info["dir"])
+    events = list(history.events)
+    kinds = [e.kind for e in events]
+    assert history.summary()["state"] == "stopped", history.summary()
+    assert kinds[-1] == "run_stopped" and events[-1].reason == "kernel shutdown", kinds[-5:]
+    assert not {"lighthouse_failed", "worker_failed", "failure_detected"} & set(kinds), kinds

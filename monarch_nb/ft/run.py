@@ -17,7 +17,6 @@ run), :mod:`.groups` (the shared group table and its lock), :mod:`.recovery` and
 
 from __future__ import annotations
 
-import atexit
 import dataclasses
 import os
 import threading
@@ -26,7 +25,7 @@ import uuid
 from pathlib import Path
 from typing import Any, Callable
 
-from .. import views, worker_logs
+from .. import lifetime, views, worker_logs
 from ..session import runs_root
 from ..telemetry import EventStore
 from ..telemetry.events import (
@@ -328,7 +327,7 @@ class FTRun:
                 from ..session import Session
 
                 self._session = Session(events=self.events)
-            atexit.register(self.stop, "interpreter exit")  # runs before the session's own atexit
+            lifetime.on_exit(self.stop, "interpreter exit")  # runs before the session's own release
             join_ms = cfg.join_timeout_ms
             if self.placement.shares_this_host:
                 join_ms = join_timeout_for(join_ms, (cfg.replicas + cfg.spares) * cfg.group_size, os.cpu_count() or 1)
@@ -536,7 +535,7 @@ class FTRun:
             mark[0] = now
 
         self.stopped = True
-        atexit.unregister(self.stop)
+        lifetime.cancel(self.stop)
         self.faults.stop_schedule()
         self._lighthouse_stop.set()
         if save_timeout is None:
