@@ -1,4 +1,4 @@
-"""Every private attribute of Monarch, torchft and torchtitan that monarch_nb touches.
+"""Every private attribute of Monarch, torchft, torchtitan and ipykernel that monarch_nb touches.
 
 Public APIs are used directly everywhere else. What those libraries do not expose - a
 ranked reply carrying a remote exception as data, an actor mesh's ranks and name, the pids
@@ -13,6 +13,7 @@ without importing torchft or torchtitan, and workers without importing the noteb
 
 from __future__ import annotations
 
+import inspect
 import re
 import sys
 import time
@@ -357,6 +358,25 @@ def show_interrupts_in_one_line(shell: Any, types: tuple[type, ...]) -> None:
         return stb
 
     shell.set_custom_exc(types, one_line)
+
+
+def call_before_kernel_shutdown(kernel: Any, release: Callable[[bool], None]) -> None:
+    """Call ``release(restart)`` when ipykernel is asked to shut down or restart, before it
+    SIGTERMs the children of its process group: its ``shutdown_request`` calls ``do_shutdown``
+    (the override point) first and ``_at_shutdown`` (which signals the children) after. The
+    instance's ``do_shutdown`` is wrapped; ipykernel 7's IPythonKernel answers it at once, its
+    base class awaits it."""
+    if kernel is None or getattr(kernel, "_monarch_nb_release", False):
+        return
+    shutdown = kernel.do_shutdown
+
+    async def do_shutdown(restart: bool) -> Any:
+        release(restart)
+        reply = shutdown(restart)
+        return await reply if inspect.isawaitable(reply) else reply
+
+    kernel.do_shutdown = do_shutdown
+    kernel._monarch_nb_release = True
 
 
 def actor_debug_controller() -> Callable[[], Any]:

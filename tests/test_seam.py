@@ -351,6 +351,31 @@ def test_our_interrupts_show_as_one_line_through_ipython_s_custom_exception_hook
         shell.set_custom_exc((), None)
 
 
+def test_a_kernel_shutdown_calls_our_release_before_ipykernel_signals_its_children():
+    """seam.call_before_kernel_shutdown: ipykernel's shutdown_request calls do_shutdown before
+    _at_shutdown, which SIGTERMs the kernel's children; the wrapped do_shutdown of a real (in-process)
+    IPythonKernel calls the release, then answers as before. The whole path: tests/test_kernel.py."""
+    import asyncio
+    import inspect
+
+    from ipykernel.inprocess.manager import InProcessKernelManager
+    from ipykernel.kernelbase import Kernel
+
+    source = inspect.getsource(Kernel.shutdown_request)
+    assert source.index("self.do_shutdown(") < source.index("self._at_shutdown()")
+    assert "_progressively_terminate_all_children" in inspect.getsource(Kernel._at_shutdown)
+    km = InProcessKernelManager()
+    km.start_kernel()
+    try:
+        calls: list[bool] = []
+        seam.call_before_kernel_shutdown(km.kernel, calls.append)
+        seam.call_before_kernel_shutdown(km.kernel, calls.append)  # once per kernel
+        reply = asyncio.run(km.kernel.do_shutdown(True))
+        assert calls == [True] and reply["status"] == "ok" and reply["restart"] is True
+    finally:
+        km.shutdown_kernel()
+
+
 def test_monarchs_debugger_pieces_that_live_breakpoints_use_are_where_we_look(monkeypatch):
     """Live breakpoints (agent.py, live_debug.py) build Monarch's own remote pdb for a cell's thread
     and reach its debug server; the real path runs in tests/test_kernel_interactive.py."""

@@ -9,7 +9,6 @@ it and changes nothing.
 
 from __future__ import annotations
 
-import inspect
 import logging
 import os
 import socket
@@ -54,27 +53,12 @@ def own_debug_port() -> None:
         os.environ["MONARCH_DEBUG_SERVER_PORT"] = str(s.getsockname()[1])
 
 
-def release_before_kernel_shutdown(kernel: Any) -> None:
-    """Stop this kernel's runs and sessions when it is shut down or restarted, before ipykernel
-    SIGTERMs the children of its process group (it does so ahead of Python's atexit): a run
-    then ends its steps, saves and quorum, and stops its Lighthouse itself."""
-    if kernel is None or getattr(kernel, "_monarch_nb_release", False):
-        return
-    shutdown = kernel.do_shutdown
-
-    async def do_shutdown(restart: bool) -> Any:
-        lifetime.release_all("kernel restart" if restart else "kernel shutdown")
-        reply = shutdown(restart)  # ipykernel 7's IPythonKernel answers at once, its base class awaits
-        return await reply if inspect.isawaitable(reply) else reply
-
-    kernel.do_shutdown = do_shutdown
-    kernel._monarch_nb_release = True
-
-
 def load_ipython_extension(ipython: Any) -> None:
     quiet_blocking_get()
     own_debug_port()
-    release_before_kernel_shutdown(getattr(ipython, "kernel", None))
+    # a kernel's shutdown or restart stops its runs and sessions before ipykernel SIGTERMs their processes
+    seam.call_before_kernel_shutdown(getattr(ipython, "kernel", None), lambda restart: lifetime.release_all(
+        "kernel restart" if restart else "kernel shutdown"))
     ipython.register_magics(MonarchMagics(ipython))  # registers the HTML views too
     seam.show_interrupts_in_one_line(ipython, (Interrupted, CallInterrupted))
     if notices.current is None:
