@@ -34,7 +34,9 @@ the slowest group's per restart), redo (steps lost to a restart, at the calibrat
 checkpoint_stalls (the training thread's share of the saves), survivor_stalls (peer arms: the
 gap in commits at each fault beyond one step), steady_steps (the arm's own pace between faults
 against the reference's, over the target's steps: negative for a plain job, which pays no quorum
-per step) and other (the rest of the difference, which may be negative: noise). ``--reread``
+per step) and other (the rest of the difference, which may be negative: noise);
+``peer_ceiling``, the arm's wall time over the time a peer arm that lost nothing to its faults
+would take at its own pace: the most peer's goodput ratio against this arm could be. ``--reread``
 recomputes these derived figures from the records in ``--out``. ``--groups 3,8`` runs every arm at each size (a calibration per size).
 PNGs: loss against wall time for all arms, live groups over time. JSON: ``{"records": [...],
 "args": {...}, "argv": [...]}``, one record per (groups, arm).
@@ -266,6 +268,13 @@ def derive(records: list[dict]) -> None:
             parts["steady_steps"] = (steady_step_s(r) - steady_step_s(ref)) * r["target_step"]
             total = r["wall_s"] - ref["wall_s"]
             r["lost_s"] = {**parts, "total": total, "other": total - sum(parts.values())}
+        peer = next((r for r in same if r["arm"] == "peer"), None)
+        if peer is not None:
+            # A peer arm that lost nothing to its faults still trains at its own pace (it pays
+            # torchft's quorum every step): the most its goodput could be against each arm.
+            pace_wall = ref["wall_s"] + peer["lost_s"]["steady_steps"]
+            for r in same:
+                r["peer_ceiling"] = r["wall_s"] / pace_wall
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -121,3 +121,8 @@ def test_the_goodput_json_has_every_arm_at_every_size_and_where_its_time_went():
             assert r["faults"] >= 1, r["arm"]
         if r["arm"] in ("peer", "peer_spare", "restart", "plain_restart"):  # one checkpoint rule for all
             assert r["checkpoint_every"] == r["young_daly_k"], r["arm"]
+    for groups in sizes:  # the most peer could gain on each arm: its own fault-free pace
+        same = {r["arm"]: r for r in recs if r["groups"] == groups}
+        pace = same["no_faults"]["wall_s"] + same["peer"]["lost_s"]["steady_steps"]
+        for r in same.values():
+            assert abs(r["peer_ceiling"] - r["wall_s"] / pace) < 1e-9, r["arm"]
