@@ -354,26 +354,36 @@ def test_our_interrupts_show_as_one_line_through_ipython_s_custom_exception_hook
 def test_a_kernel_shutdown_calls_our_release_before_ipykernel_signals_its_children():
     """seam.call_before_kernel_shutdown: ipykernel's shutdown_request calls do_shutdown before
     _at_shutdown, which SIGTERMs the kernel's children; the wrapped do_shutdown of a real (in-process)
-    IPythonKernel calls the release, then answers as before. The whole path: tests/test_kernel.py."""
-    import asyncio
-    import inspect
+    IPythonKernel calls the release, then answers as before. In an interpreter of its own: an
+    in-process kernel makes IPython's shell and ipykernel's kernel singletons of the process it runs
+    in, which the suite's own shell and widgets must not meet. The whole path: tests/test_kernel.py."""
+    import json
+    import subprocess
+    import textwrap
 
-    from ipykernel.inprocess.manager import InProcessKernelManager
-    from ipykernel.kernelbase import Kernel
+    script = textwrap.dedent("""
+        import asyncio, inspect, json
+        from ipykernel.inprocess.manager import InProcessKernelManager
+        from ipykernel.kernelbase import Kernel
+        from monarch_nb import seam
 
-    source = inspect.getsource(Kernel.shutdown_request)
-    assert source.index("self.do_shutdown(") < source.index("self._at_shutdown()")
-    assert "_progressively_terminate_all_children" in inspect.getsource(Kernel._at_shutdown)
-    km = InProcessKernelManager()
-    km.start_kernel()
-    try:
-        calls: list[bool] = []
+        source = inspect.getsource(Kernel.shutdown_request)
+        order = source.index("self.do_shutdown(") < source.index("self._at_shutdown()")
+        signals = "_progressively_terminate_all_children" in inspect.getsource(Kernel._at_shutdown)
+        km = InProcessKernelManager()
+        km.start_kernel()
+        calls = []
         seam.call_before_kernel_shutdown(km.kernel, calls.append)
         seam.call_before_kernel_shutdown(km.kernel, calls.append)  # once per kernel
         reply = asyncio.run(km.kernel.do_shutdown(True))
-        assert calls == [True] and reply["status"] == "ok" and reply["restart"] is True
-    finally:
         km.shutdown_kernel()
+        print(json.dumps({"order": order, "signals": signals, "calls": calls,
+                          "status": reply["status"], "restart": reply["restart"]}))
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert seen == {"order": True, "signals": True, "calls": [True], "status": "ok", "restart": True}, seen
 
 
 def test_monarchs_debugger_pieces_that_live_breakpoints_use_are_where_we_look(monkeypatch):
