@@ -356,11 +356,10 @@ def goodput_block(result: dict[str, Any]) -> str:
             for other in ("plain_restart", "restart"):
                 if other in by:
                     ratio = p["goodput"] / by[other]["goodput"]
-                    ceiling = by[other].get("peer_ceiling")
-                    most = f", at most {ceiling:.2f}x for a peer arm that lost nothing to its faults" if ceiling else ""
-                    checks.append(f"peer / {other} **{ratio:.2f}x** (target >= 1.3 at 3 groups: "
-                                  f"{'met' if ratio >= 1.3 else '**not met**'}{most})" if groups == 3 else
-                                  f"peer / {other} **{ratio:.2f}x**{most.replace(', at', ' (at', 1) + ')' if most else ''}")
+                    notes = [f"target >= 1.3 at 3 groups: {'met' if ratio >= 1.3 else '**not met**'}"] if groups == 3 else []
+                    if (ceiling := by[other].get("peer_ceiling")):
+                        notes.append(f"at most {ceiling:.2f}x for a peer arm that lost nothing to its faults")
+                    checks.append(f"peer / {other} **{ratio:.2f}x**" + (f" ({', '.join(notes)})" if notes else ""))
             lines.append(_wrap("- " + "; ".join(checks)))
         lines.append("")
     sizes = sorted({r["groups"] for r in recs})
