@@ -1,7 +1,9 @@
 """Checkpoint-less (peer recovery) vs checkpoint-restart, measured side by side.
 
 One invocation runs the same model, data and fault schedule several ways ("arms"), one after
-the other on this machine, each until the same target step:
+the other on this machine, each until the same target step (or, if it gets no further, for
+``--arm-limit`` times the no_faults arm's wall time: an arm whose recovery outlasts the fault period
+never reaches it, and its goodput is then its rate of progress):
 
   no_faults            the reference: nothing injected, no durable checkpoints
   peer                 recovery="peer": a failed group heals from a live peer, the others train
@@ -43,13 +45,24 @@ PNGs: loss against wall time for all arms, live groups over time. JSON: ``{"reco
 
 Usage:
   python bench/bench_goodput.py --out bench/results/goodput.json            # period 30 s
-  python bench/bench_goodput.py --quick --groups 3,8 --out bench/results/goodput.json  # tiny model, 90 s races
+  python bench/bench_goodput.py --quick --groups 3,8 --out bench/results/goodput.json  # 60 s races, see below
+  python bench/bench_goodput.py --groups 3:debugmodel,8:tiny --out FILE.json           # a flavour per race
+
+``--groups`` lists races: a size ``R`` (the ``--model`` flavour) or ``R:flavour``. ``--quick`` races the
+tiny flavour at every size and the debugmodel flavour at the smallest size as well. Why both: the tiny
+model's step (tens of ms at 3 groups) is so short that torchft's fixed per-step cost (quorum and
+should_commit, ~8 ms) is a large share of it, and its processes rebuild in seconds, so against a 30 s
+fault period recovery can gain little on it (``peer_ceiling`` says how little); debugmodel's step is
+~10x longer and its rebuild about twice as long, closer to a real model's proportions. At 8 groups on this
+2-core box debugmodel's restarts (all 8 rebuilding on two cores) take longer than the fault period,
+so the 8-group race, and the comparison across sizes, is the tiny model's.
   python bench/bench_goodput.py --sweep --out bench/results/goodput-sweep.json   # 10, 20, 30, 60 s
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import statistics
@@ -61,11 +74,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from monarch_nb.ft import FTRun, RunConfig  # noqa: E402
+from monarch_nb.ft.config import MODELS as FLAVOURS  # noqa: E402
 
 
-def calibrate(groups: int, a: argparse.Namespace) -> tuple[float, float]:
+def calibrate(groups: int, model: str, a: argparse.Namespace) -> tuple[float, float]:
     """(median step time, median checkpoint stall) of this model at this size on this machine."""
-    run = FTRun(RunConfig(replicas=groups, model=a.model, seq_len=a.seq_len, checkpoint_every=5, steps=None,
+    run = FTRun(RunConfig(replicas=groups, model=model, seq_len=a.seq_len, checkpoint_every=5, steps=None,
                           run_name=f"goodput-calibrate-g{groups}-{time.strftime('%H%M%S')}"))
     try:
         run.start()
@@ -116,7 +130,10 @@ def lost_time(run: FTRun, faults: list[float], until_t: float, step_time: float)
             "checkpoint_stalls": saves, "survivor_stalls": survivor}
 
 
-def run_arm(arm: str, config: RunConfig, a: argparse.Namespace, period: float, step_time: float) -> dict:
+def run_arm(arm: str, config: RunConfig, a: argparse.Namespace, period: float, step_time: float,
+            limit_s: float | None = None) -> dict:
+    """One arm to the target step, or for ``limit_s`` seconds from its first committed step if
+    it gets no further (an arm whose recovery takes longer than the fault period never would)."""
     run = FTRun(config)
     faults: list[float] = []
     stop = threading.Event()
@@ -145,7 +162,14 @@ def run_arm(arm: str, config: RunConfig, a: argparse.Namespace, period: float, s
         first = run.wait_for(lambda e: e.kind == "step" and e.committed, timeout=a.timeout)
         if arm != "no_faults":
             threading.Thread(target=inject_on_schedule, args=(first.t,), daemon=True).start()
-        done = run.wait_for(lambda e: e.kind == "step" and e.committed and e.step >= a.target, timeout=a.timeout)
+        try:
+            done = run.wait_for(lambda e: e.kind == "step" and e.committed and e.step >= a.target,
+                                timeout=min(a.timeout, limit_s or a.timeout))
+        except TimeoutError:
+            if limit_s is None:
+                raise
+            done = max(run.history().steps(), key=lambda e: e.step)  # the furthest it got
+            done = dataclasses.replace(done, t=first.t + limit_s)
         stop.set()
     finally:
         stop.set()
@@ -159,9 +183,9 @@ def run_arm(arm: str, config: RunConfig, a: argparse.Namespace, period: float, s
         "groups": config.replicas, "arm": arm, "recovery": config.recovery, "model": config.model,
         "checkpoint_every": config.checkpoint_every, "spares": config.spares,
         "period_s": period if arm != "no_faults" else None, "target_step": a.target,
-        "wall_s": wall, "faults": len(faults), "steps_lost": sum(e.lost_steps for e in restarts),
+        "reached_step": min(done.step, a.target), "limit_s": limit_s, "wall_s": wall, "faults": len(faults), "steps_lost": sum(e.lost_steps for e in restarts),
         "restarts": len(restarts), "resumes": len(run.events.events("resumed")), "tokens": tokens,
-        "steps_per_s": a.target / wall,
+        "steps_per_s": min(done.step, a.target) / wall,
         "checkpoint_stall_s": statistics.median([e.stall for e in run.events.events("checkpoint_saved")] or [0.0]),
         "checkpoints": len(run.events.events("checkpoint_saved")),
         "lost_s": lost_time(run, faults, done.t, step_time),
@@ -220,10 +244,11 @@ def arm_config(arm: str, base: dict, k: int, fixed_k: int) -> RunConfig:
             "peer_spare": lambda: RunConfig(**base, spares=1, checkpoint_every=k)}[arm]()
 
 
-def compare(a: argparse.Namespace, groups: int, period: float, step_time: float, stall: float,
+def compare(a: argparse.Namespace, groups: int, model: str, period: float, step_time: float, stall: float,
             reference: dict | None = None) -> list[dict]:
-    """Every arm at one size and fault period; ``reference`` (a no_faults record) is reused when given."""
-    base = dict(replicas=groups, steps=None, seq_len=a.seq_len, model=a.model)
+    """Every arm of one race (size, flavour) at one fault period; ``reference`` (a no_faults
+    record) is reused when given."""
+    base = dict(replicas=groups, steps=None, seq_len=a.seq_len, model=model)
     k = young_daly_k(stall, period, step_time)
     arms = list(a.arms or (QUICK_ARMS if a.quick else ARMS))
     if reference is not None:
@@ -231,10 +256,11 @@ def compare(a: argparse.Namespace, groups: int, period: float, step_time: float,
     records = [dict(reference, reused=True)] if reference is not None else []
     for arm in arms:
         cfg = arm_config(arm, base, k, a.fixed_k)
-        cfg = cfg.replace(run_name=f"goodput-g{groups}-{arm}-p{period:g}-{time.strftime('%H%M%S')}")
-        rec = run_arm(arm, cfg, a, period, step_time)
+        cfg = cfg.replace(run_name=f"goodput-g{groups}-{model}-{arm}-p{period:g}-{time.strftime('%H%M%S')}")
+        limit = a.arm_limit * records[0]["wall_s"] if records and records[0]["arm"] == "no_faults" else None
+        rec = run_arm(arm, cfg, a, period, step_time, limit)
         records.append(rec)
-        print(f"[{groups} groups, period {period:g} s] {arm:<20} {rec['wall_s']:7.1f} s to step {a.target}, "
+        print(f"[{groups} groups, {model}, period {period:g} s] {arm:<20} {rec['wall_s']:7.1f} s to step {rec['reached_step']}, "
               f"{rec['faults']} faults, {rec['steps_lost']} steps lost, K={cfg.checkpoint_every}", flush=True)
     ref = records[0]
     for r in records:
@@ -253,28 +279,40 @@ def steady_step_s(record: dict) -> float:
     return statistics.median(b - a for a, b in zip(times, times[1:]))
 
 
+def race(record: dict) -> tuple[int, str]:
+    """The race a record belongs to: its size and model flavour."""
+    return record["groups"], record["model"]
+
+
 def derive(records: list[dict]) -> None:
-    """The figures that compare an arm with its size's no_faults reference (the first record of
-    each size): goodputs, and the total time lost split into its parts; ``steady_steps`` is
+    """The figures that compare an arm with its race's no_faults reference (the first record of
+    each race): goodputs, and the total time lost split into its parts; ``steady_steps`` is
     what the arm's own pace between faults costs or saves over the target's steps, ``other``
     the rest."""
-    for groups in {r["groups"] for r in records}:
-        same = [r for r in records if r["groups"] == groups]
+    for key in dict.fromkeys(race(r) for r in records):
+        same = [r for r in records if race(r) == key]
         ref = same[0]
         for r in same:
-            r["goodput"] = ref["wall_s"] / r["wall_s"]
+            reached = r.get("reached_step", r["target_step"])  # short of the target: stopped at its limit
+            r["goodput"] = (reached / r["wall_s"]) / (ref["target_step"] / ref["wall_s"])
             r["token_goodput"] = (r["tokens"] / r["wall_s"]) / (ref["tokens"] / ref["wall_s"])
             parts = {n: v for n, v in r["lost_s"].items() if n not in ("steady_steps", "other", "total")}
-            parts["steady_steps"] = (steady_step_s(r) - steady_step_s(ref)) * r["target_step"]
-            total = r["wall_s"] - ref["wall_s"]
+            parts["steady_steps"] = (steady_step_s(r) - steady_step_s(ref)) * reached
+            total = r["wall_s"] - ref["wall_s"] * reached / ref["target_step"]
             r["lost_s"] = {**parts, "total": total, "other": total - sum(parts.values())}
         peer = next((r for r in same if r["arm"] == "peer"), None)
         if peer is not None:
             # A peer arm that lost nothing to its faults still trains at its own pace (it pays
             # torchft's quorum every step): the most its goodput could be against each arm.
             pace_wall = ref["wall_s"] + peer["lost_s"]["steady_steps"]
-            for r in same:
-                r["peer_ceiling"] = r["wall_s"] / pace_wall
+            for r in same:  # an arm stopped short: the time it would take to the target at its rate
+                r["peer_ceiling"] = r["wall_s"] * r["target_step"] / r.get("reached_step", r["target_step"]) / pace_wall
+
+
+def write(out: Path, records: list[dict], a: argparse.Namespace, argv: list[str] | None) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"records": records, "args": vars(a), "argv": sys.argv[1:] if argv is None else argv},
+                              indent=1))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -282,13 +320,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--period", type=float, default=None, help="seconds between faults (default 30)")
     p.add_argument("--sweep", action="store_true", help="periods 10, 20, 30 and 60 s")
     p.add_argument("--quick", action="store_true",
-                   help="the tiny model, each race as long as 90 s of fault-free training, no fixed-K, spare or "
-                        "no-checkpoint arm")
+                   help="the tiny model at every size and debugmodel at the smallest too, each race as long as "
+                        "60 s of fault-free training, no fixed-K, spare or no-checkpoint arm")
     p.add_argument("--target", type=int, default=None, help="the step every arm trains to")
     p.add_argument("--target-seconds", type=float, default=None,
                    help="instead of --target: the step a fault-free run reaches in this long at each size "
                         "(from the calibrated step time), so every size races for the same time")
-    p.add_argument("--groups", default="3", help="comma-separated group counts, each a full race (default 3)")
+    p.add_argument("--groups", default="3", help="comma-separated races, each R or R:flavour (default 3)")
     p.add_argument("--arms", default="", help=f"comma-separated arms (default: {', '.join(ARMS)}; "
                                                 f"--quick: {', '.join(QUICK_ARMS)})")
     p.add_argument("--model", default=None, help="model flavour (default debugmodel; --quick: tiny)")
@@ -296,6 +334,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--kind", default="kill")
     p.add_argument("--fixed-k", type=int, default=50)
     p.add_argument("--timeout", type=float, default=1800.0)
+    p.add_argument("--arm-limit", type=float, default=3.0,
+                   help="an arm that has not reached the target after this many times the no_faults arm's wall "
+                        "time stops there; its goodput is its rate of progress (default 3)")
     p.add_argument("--out", required=True, help="JSON results; PNGs are written beside it")
     p.add_argument("--reread", action="store_true",
                    help="measure nothing: recompute the derived figures (goodput, lost_s) of --out's records")
@@ -312,49 +353,53 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         p.error(f"--arms: unknown {', '.join(unknown)}; allowed: {', '.join(ARMS)}")
     try:
-        sizes = [int(x) for x in a.groups.split(",")]
+        races = [(int(r), f) for r, _, f in (x.strip().partition(":") for x in a.groups.split(","))]
     except ValueError:
-        p.error(f"--groups: comma-separated integers, got {a.groups!r}")
+        p.error(f"--groups: comma-separated R or R:flavour (R an integer), got {a.groups!r}")
+    unknown = sorted({f for _, f in races if f} - set(FLAVOURS))
+    if unknown:
+        p.error(f"--groups: unknown flavour {', '.join(unknown)}; allowed: {', '.join(FLAVOURS)}")
     if a.model is None:
         a.model = "tiny" if a.quick else "debugmodel"
+    if a.quick and not any(f for _, f in races):  # the heavier model where its restarts fit the period
+        races = [(min(r for r, _ in races), "debugmodel")] + races
+    a.races = races = [(r, f or a.model) for r, f in races]
     if a.target is None and a.target_seconds is None:
         if a.quick:
-            a.target_seconds = 90.0  # three faults' worth at the default period, at every size
+            a.target_seconds = 60.0  # two faults' worth at the default period, in every race
         else:
             a.target = 400
     if a.period is None:
         a.period = 30.0
     records = []
-    for groups in sizes:
-        step_time, stall = calibrate(groups, a)
+    out = Path(a.out)
+    for groups, model in races:
+        step_time, stall = calibrate(groups, model, a)
         if a.target_seconds:
             a.target = max(20, round(a.target_seconds / step_time))
-        print(f"calibration, {groups} groups: median step {step_time:.3f} s, checkpoint stall {stall:.3f} s; "
+        print(f"calibration, {groups} groups, {model}: median step {step_time:.3f} s, checkpoint stall {stall:.3f} s; "
               f"target step {a.target}", flush=True)
         reference = None
         for period in ([10.0, 20.0, 30.0, 60.0] if a.sweep else [a.period]):
-            got = compare(a, groups, period, step_time, stall, reference)
+            got = compare(a, groups, model, period, step_time, stall, reference)
             reference = got[0]  # no faults does not depend on the period: measured once
             records += got
-    out = Path(a.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"records": records, "args": vars(a), "argv": sys.argv[1:] if argv is None else argv},
-                              indent=1))
-    shown = [r for r in records if r["groups"] == sizes[0] and not r.get("reused")
+            write(out, records, a, argv)  # after every race: a later failure keeps what was measured
+    shown = [r for r in records if race(r) == races[0] and not r.get("reused")
              and r["period_s"] in (None, a.period if not a.sweep else 30.0)]
     plot(shown, out)
     print()
-    print(f"{'groups':>6} {'period':>7} {'arm':<20} {'K':>4} {'wall s':>7} {'goodput':>8} {'tokens':>7} {'faults':>7} "
+    print(f"{'groups':>6} {'model':>10} {'period':>7} {'arm':<20} {'K':>4} {'wall s':>7} {'goodput':>8} {'tokens':>7} {'faults':>7} "
           f"{'lost':>5}")
     for r in records:
-        print(f"{r['groups']:>6} {r['period_s'] or '-':>7} {r['arm']:<20} {r['checkpoint_every'] or '-':>4} "
+        print(f"{r['groups']:>6} {r['model']:>10} {r['period_s'] or '-':>7} {r['arm']:<20} {r['checkpoint_every'] or '-':>4} "
               f"{r['wall_s']:>7.1f} {r['goodput']:>8.3f} {r['token_goodput']:>7.3f} {r['faults']:>7} {r['steps_lost']:>5}")
-    for groups in sizes:
-        arms = {r["arm"]: r for r in records if r["groups"] == groups}
+    for key in races:
+        arms = {r["arm"]: r for r in records if race(r) == key}
         if "peer" in arms:
             for other in ("restart", "plain_restart"):
                 if other in arms:
-                    print(f"{groups} groups: peer / {other} goodput {arms['peer']['goodput'] / arms[other]['goodput']:.2f}x")
+                    print(f"{key[0]} groups, {key[1]}: peer / {other} goodput {arms['peer']['goodput'] / arms[other]['goodput']:.2f}x")
     return 0
 
 

@@ -329,24 +329,31 @@ LOST_PARTS = ("detect", "respawn", "load", "redo", "checkpoint_stalls", "survivo
 
 
 def goodput_block(result: dict[str, Any]) -> str:
-    """One table per group count: every arm's goodput and where its lost time went; the
-    issue's targets checked below each table."""
+    """One table per race (group count, model flavour): every arm's goodput and where its lost
+    time went; the issue's targets checked below each table, and across sizes of one flavour."""
     recs = result["records"]
     args = result.get("args", {})
-    lines = [_wrap(f"`bench/bench_goodput.py {_argv(result)}` (one invocation, this 2-core box, model "
-                   f"{recs[0].get('model', 'debugmodel')}, a `{args.get('kind', 'kill')}` into a rotating victim "
-                   f"every {_g(args.get('period') or 30)} s of training; every arm trains to the same step):"), ""]
-    for groups in sorted({r["groups"] for r in recs}):
-        arms = [r for r in recs if r["groups"] == groups]
+    races = list(dict.fromkeys((r["groups"], r.get("model", "debugmodel")) for r in recs))
+    lines = [_wrap(f"`bench/bench_goodput.py {_argv(result)}` (one invocation, this 2-core box, a "
+                   f"`{args.get('kind', 'kill')}` into a rotating victim every {_g(args.get('period') or 30)} s of "
+                   f"training; every arm of a race trains to the same step):"), ""]
+
+    def arms_of(key: tuple[int, str]) -> list[dict]:
+        return [r for r in recs if (r["groups"], r.get("model", "debugmodel")) == key]
+
+    for groups, model in races:
+        arms = arms_of((groups, model))
         ref = arms[0]
-        lines.append(_wrap(f"**{groups} groups**: step {ref['step_time_s']:.3f} s, save stall "
+        lines.append(_wrap(f"**{groups} groups, {model}**: step {ref['step_time_s']:.3f} s, save stall "
                            f"{ref['save_stall_s']:.4f} s, so {ref['checkpoint_rule']}; target step {ref['target_step']}."))
         lines += ["", "| arm | checkpoint every | wall s | goodput | token goodput | faults | steps redone | lost s: "
                   + ", ".join(LOST_PARTS) + " |", "|---|---|---|---|---|---|---|---|"]
         for r in arms:
             lost = r.get("lost_s") or {}
             parts = " / ".join(f"{lost[p]:.1f}" for p in LOST_PARTS) if lost else "-"
-            lines.append(f"| {r['arm']} | {r['checkpoint_every'] or '-'} | {r['wall_s']:.1f} | {r['goodput']:.2f} "
+            reached = r.get("reached_step", r["target_step"])
+            wall = f"{r['wall_s']:.1f}" + (f" (stopped at its limit, step {reached})" if reached < r["target_step"] else "")
+            lines.append(f"| {r['arm']} | {r['checkpoint_every'] or '-'} | {wall} | {r['goodput']:.2f} "
                          f"| {r['token_goodput']:.2f} | {r['faults']} | {r['steps_lost']} | {parts} |")
         by = {r["arm"]: r for r in arms}
         lines.append("")
@@ -362,16 +369,20 @@ def goodput_block(result: dict[str, Any]) -> str:
                     checks.append(f"peer / {other} **{ratio:.2f}x**" + (f" ({', '.join(notes)})" if notes else ""))
             lines.append(_wrap("- " + "; ".join(checks)))
         lines.append("")
-    sizes = sorted({r["groups"] for r in recs})
-    if len(sizes) > 1:
-        def ratio(groups: int, other: str) -> float | None:
-            by = {r["arm"]: r for r in recs if r["groups"] == groups}
-            return by["peer"]["goodput"] / by[other]["goodput"] if "peer" in by and other in by else None
+
+    def ratio(key: tuple[int, str], other: str) -> float | None:
+        by = {r["arm"]: r for r in arms_of(key)}
+        return by["peer"]["goodput"] / by[other]["goodput"] if "peer" in by and other in by else None
+
+    for model in dict.fromkeys(m for _, m in races):
+        sizes = sorted(g for g, m in races if m == model)
+        if len(sizes) < 2:
+            continue
         for other in ("plain_restart", "restart"):
-            lo, hi = ratio(sizes[0], other), ratio(sizes[-1], other)
+            lo, hi = ratio((sizes[0], model), other), ratio((sizes[-1], model), other)
             if lo is not None and hi is not None:
-                lines.append(f"- peer / {other} at {sizes[-1]} groups ({hi:.2f}x) vs {sizes[0]} ({lo:.2f}x): larger at "
-                             f"{sizes[-1]} (target): {'met' if hi > lo else '**not met**'}")
+                lines.append(f"- {model}: peer / {other} at {sizes[-1]} groups ({hi:.2f}x) vs {sizes[0]} ({lo:.2f}x): "
+                             f"larger at {sizes[-1]} (target): {'met' if hi > lo else '**not met**'}")
     return "\n".join(lines).rstrip()
 
 

@@ -104,10 +104,12 @@ def test_the_goodput_json_has_every_arm_at_every_size_and_where_its_time_went():
     recs = result["records"]
     bench = load_bench("bench_goodput")
     arms = result["args"]["arms"] or (bench.QUICK_ARMS if result["args"]["quick"] else bench.ARMS)
-    sizes = sorted({r["groups"] for r in recs})
-    assert sizes == sorted(int(x) for x in result["args"]["groups"].split(","))
-    for groups in sizes:
-        assert [r["arm"] for r in recs if r["groups"] == groups] == list(arms)
+    races = list(dict.fromkeys(bench.race(r) for r in recs))  # (groups, flavour), in the order they ran
+    assert {r["groups"] for r in recs} == {int(x.partition(":")[0]) for x in result["args"]["groups"].split(",")}
+    for key in races:
+        assert [r["arm"] for r in recs if bench.race(r) == key] == list(arms), key
+    if result["args"]["quick"]:  # the heavier flavour races at the smallest size too
+        assert (min(g for g, _ in races), "debugmodel") in races and any(m == "tiny" for _, m in races), races
     for r in recs:
         lost = r["lost_s"]
         assert set(lost) == {"detect", "respawn", "load", "redo", "checkpoint_stalls", "survivor_stalls", "steady_steps", "other",
@@ -121,8 +123,14 @@ def test_the_goodput_json_has_every_arm_at_every_size_and_where_its_time_went():
             assert r["faults"] >= 1, r["arm"]
         if r["arm"] in ("peer", "peer_spare", "restart", "plain_restart"):  # one checkpoint rule for all
             assert r["checkpoint_every"] == r["young_daly_k"], r["arm"]
-    for groups in sizes:  # the most peer could gain on each arm: its own fault-free pace
-        same = {r["arm"]: r for r in recs if r["groups"] == groups}
+    for key in races:  # the most peer could gain on each arm: its own fault-free pace
+        same = {r["arm"]: r for r in recs if bench.race(r) == key}
         pace = same["no_faults"]["wall_s"] + same["peer"]["lost_s"]["steady_steps"]
+        ref = same["no_faults"]
         for r in same.values():
-            assert abs(r["peer_ceiling"] - r["wall_s"] / pace) < 1e-9, r["arm"]
+            reached = r.get("reached_step", r["target_step"])
+            assert abs(r["peer_ceiling"] - r["wall_s"] * r["target_step"] / reached / pace) < 1e-9, r["arm"]
+            # goodput is a rate of progress; an arm short of the target ran for exactly its limit
+            assert abs(r["goodput"] - (reached / r["wall_s"]) / (ref["target_step"] / ref["wall_s"])) < 1e-9, r["arm"]
+            if reached < r["target_step"]:
+                assert r["limit_s"] and abs(r["wall_s"] - r["limit_s"]) < 1e-6, r["arm"]
