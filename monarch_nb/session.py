@@ -806,7 +806,12 @@ def _to_global(result: MeshResult, ranks: list[int], failed: set[int]) -> None:
 
 
 def _ensure_gone(pids: list[int], timeout: float) -> None:
-    """Wait for stopped workers to exit; SIGKILL any that linger, so nothing is orphaned."""
+    """Wait for stopped workers to exit; SIGKILL any that linger, so nothing is orphaned.
+
+    A worker that has exited is left to Monarch to reap for a moment: Monarch's allocator reads the
+    exit status (``Killed(sig=9)``, ``Failed(...)``) from its own wait, and a reap of ours first
+    leaves it "wait failed: No child processes" in place of the fault's cause. psutil's wait()
+    reaps our children, so it is only used once Monarch has had its chance."""
     import psutil
 
     procs = []
@@ -815,13 +820,31 @@ def _ensure_gone(pids: list[int], timeout: float) -> None:
             procs.append(psutil.Process(pid))
         except psutil.NoSuchProcess:
             pass
-    _, alive = psutil.wait_procs(procs, timeout=min(timeout, 5.0))
+
+    def running(procs: list) -> list:
+        left = []
+        for proc in procs:
+            try:
+                if proc.status() != psutil.STATUS_ZOMBIE:
+                    left.append(proc)
+            except psutil.NoSuchProcess:
+                pass
+        return left
+
+    deadline = time.monotonic() + min(timeout, 5.0)
+    alive = running(procs)
+    while alive and time.monotonic() < deadline:
+        time.sleep(0.05)
+        alive = running(alive)
     for proc in alive:
         try:
             proc.kill()
         except psutil.NoSuchProcess:
             pass
-    psutil.wait_procs(alive, timeout=2.0)
+    grace = time.monotonic() + 1.0  # Monarch reaps an exited child within milliseconds
+    while time.monotonic() < grace and any(p.is_running() for p in procs):
+        time.sleep(0.05)
+    psutil.wait_procs([p for p in procs if p.is_running()], timeout=2.0)
 
 
 def current_session(create: bool = True) -> Session | None:
