@@ -72,6 +72,9 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from goodput_records import race, reached  # noqa: E402
 
 from monarch_nb.ft import FTRun, RunConfig  # noqa: E402
 from monarch_nb.ft.config import MODELS as FLAVOURS  # noqa: E402
@@ -183,7 +186,8 @@ def run_arm(arm: str, config: RunConfig, a: argparse.Namespace, period: float, s
         "groups": config.replicas, "arm": arm, "recovery": config.recovery, "model": config.model,
         "checkpoint_every": config.checkpoint_every, "spares": config.spares,
         "period_s": period if arm != "no_faults" else None, "target_step": a.target,
-        "reached_step": min(done.step, a.target), "limit_s": limit_s, "wall_s": wall, "faults": len(faults), "steps_lost": sum(e.lost_steps for e in restarts),
+        "reached_step": min(done.step, a.target), "limit_s": limit_s, "wall_s": wall, "faults": len(faults),
+        "steps_lost": sum(e.lost_steps for e in restarts),
         "restarts": len(restarts), "resumes": len(run.events.events("resumed")), "tokens": tokens,
         "steps_per_s": min(done.step, a.target) / wall,
         "checkpoint_stall_s": statistics.median([e.stall for e in run.events.events("checkpoint_saved")] or [0.0]),
@@ -279,11 +283,6 @@ def steady_step_s(record: dict) -> float:
     return statistics.median(b - a for a, b in zip(times, times[1:]))
 
 
-def race(record: dict) -> tuple[int, str]:
-    """The race a record belongs to: its size and model flavour."""
-    return record["groups"], record["model"]
-
-
 def derive(records: list[dict]) -> None:
     """The figures that compare an arm with its race's no_faults reference (the first record of
     each race): goodputs, and the total time lost split into its parts; ``steady_steps`` is
@@ -293,12 +292,11 @@ def derive(records: list[dict]) -> None:
         same = [r for r in records if race(r) == key]
         ref = same[0]
         for r in same:
-            reached = r.get("reached_step", r["target_step"])  # short of the target: stopped at its limit
-            r["goodput"] = (reached / r["wall_s"]) / (ref["target_step"] / ref["wall_s"])
+            r["goodput"] = (reached(r) / r["wall_s"]) / (ref["target_step"] / ref["wall_s"])
             r["token_goodput"] = (r["tokens"] / r["wall_s"]) / (ref["tokens"] / ref["wall_s"])
             parts = {n: v for n, v in r["lost_s"].items() if n not in ("steady_steps", "other", "total")}
-            parts["steady_steps"] = (steady_step_s(r) - steady_step_s(ref)) * reached
-            total = r["wall_s"] - ref["wall_s"] * reached / ref["target_step"]
+            parts["steady_steps"] = (steady_step_s(r) - steady_step_s(ref)) * reached(r)
+            total = r["wall_s"] - ref["wall_s"] * reached(r) / ref["target_step"]
             r["lost_s"] = {**parts, "total": total, "other": total - sum(parts.values())}
         peer = next((r for r in same if r["arm"] == "peer"), None)
         if peer is not None:
@@ -306,7 +304,7 @@ def derive(records: list[dict]) -> None:
             # torchft's quorum every step): the most its goodput could be against each arm.
             pace_wall = ref["wall_s"] + peer["lost_s"]["steady_steps"]
             for r in same:  # an arm stopped short: the time it would take to the target at its rate
-                r["peer_ceiling"] = r["wall_s"] * r["target_step"] / r.get("reached_step", r["target_step"]) / pace_wall
+                r["peer_ceiling"] = r["wall_s"] * r["target_step"] / reached(r) / pace_wall
 
 
 def write(out: Path, records: list[dict], a: argparse.Namespace, argv: list[str] | None) -> None:

@@ -35,6 +35,9 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from goodput_records import race, reached  # noqa: E402
 
 
 def _wrap(text: str) -> str:
@@ -333,13 +336,13 @@ def goodput_block(result: dict[str, Any]) -> str:
     time went; the issue's targets checked below each table, and across sizes of one flavour."""
     recs = result["records"]
     args = result.get("args", {})
-    races = list(dict.fromkeys((r["groups"], r.get("model", "debugmodel")) for r in recs))
+    races = list(dict.fromkeys(race(r) for r in recs))
     lines = [_wrap(f"`bench/bench_goodput.py {_argv(result)}` (one invocation, this 2-core box, a "
                    f"`{args.get('kind', 'kill')}` into a rotating victim every {_g(args.get('period') or 30)} s of "
                    f"training; every arm of a race trains to the same step):"), ""]
 
     def arms_of(key: tuple[int, str]) -> list[dict]:
-        return [r for r in recs if (r["groups"], r.get("model", "debugmodel")) == key]
+        return [r for r in recs if race(r) == key]
 
     for groups, model in races:
         arms = arms_of((groups, model))
@@ -351,8 +354,8 @@ def goodput_block(result: dict[str, Any]) -> str:
         for r in arms:
             lost = r.get("lost_s") or {}
             parts = " / ".join(f"{lost[p]:.1f}" for p in LOST_PARTS) if lost else "-"
-            reached = r.get("reached_step", r["target_step"])
-            wall = f"{r['wall_s']:.1f}" + (f" (stopped at its limit, step {reached})" if reached < r["target_step"] else "")
+            wall = f"{r['wall_s']:.1f}" + (f" (stopped at its limit, step {reached(r)})" if reached(r) < r["target_step"]
+                                           else "")
             lines.append(f"| {r['arm']} | {r['checkpoint_every'] or '-'} | {wall} | {r['goodput']:.2f} "
                          f"| {r['token_goodput']:.2f} | {r['faults']} | {r['steps_lost']} | {parts} |")
         by = {r["arm"]: r for r in arms}
