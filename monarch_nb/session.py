@@ -573,6 +573,9 @@ class Session:
         return remove
 
     def _on_fault(self, failure: Any) -> None:
+        """Monarch's supervision report of a failed actor mesh. A process of an allocation its
+        scheduler ended died of that, whichever check saw it first: the scheduler's account
+        ("SLURM job 60 is CANCELLED") is asked for before Monarch's ("Killed(sig=9)") is used."""
         actor_full_name, ranks, reason = _parse_failure(failure)
         base = actor_full_name.rsplit("-", 1)[0]
         with self._lock:
@@ -593,16 +596,22 @@ class Session:
                     owner = None  # a late report about an actor mesh we already replaced
             handles = list(self.meshes.values())
         if owner is not None:
+            cause = reason
+            if owner.allocation is not None and any(owner.is_alive(rank) for rank in ranks):
+                cause = self._scheduler_cause(owner) or reason
             for rank in ranks:
-                if owner.mark_failed(rank, reason):
-                    self._record_failure(owner, rank, reason)
+                if owner.mark_failed(rank, cause):
+                    self._record_failure(owner, rank, cause)
                 elif self._first_account(owner, rank, reason):  # our own check reported it: Monarch's words explain it
                     self._announce(WorkerExitReported(mesh=owner.name, rank=rank, reason=reason))
             return
         # Monarch's internal meshes (e.g. its logger) report too; find the dead pid ourselves.
         for handle in handles:
-            for rank in handle.refresh(reason):
-                self._record_failure(handle, rank, reason)
+            cause = reason
+            if handle.allocation is not None and handle.gone_here():
+                cause = self._scheduler_cause(handle) or reason
+            for rank in handle.refresh(cause):
+                self._record_failure(handle, rank, cause)
 
     def _record_timeout(self, mesh: str, endpoint: str, ranks: list[int], timeout: float) -> None:
         """One ``call_timed_out`` event per mesh and endpoint per ``TIMEOUT_EVENT_INTERVAL_S``;
