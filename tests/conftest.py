@@ -215,5 +215,7 @@ def kernel():
     client.stop_channels()
     if km.is_alive():
         km.shutdown_kernel(now=True)
+    else:  # a test killed it: its sockets are still ours to close (an open one hangs zmq's exit)
+        km.cleanup_resources()
 
 
