@@ -12,9 +12,10 @@ never reaches it, and its goodput is then its rate of progress):
   peer_no_checkpoints  the same without durable checkpoints: what they cost
   restart              recovery="restart": on any failure every group stops and all restart from
                        the newest durable checkpoint, taken every K steps with K from Young/Daly:
-                       K = sqrt(2 * save_cost * MTBF) / step_time, save_cost measured (the step
-                       stall of an asynchronous DCP save) and MTBF the fault period; torchft's
-                       quorum per step still runs
+                       K = sqrt(2 * save_cost * MTBF) / step_time, save_cost measured (an
+                       asynchronous DCP save's stall plus its write's slowdown of the next steps,
+                       see Calibration) and MTBF the fault period; torchft's quorum per step
+                       still runs
   plain_restart        recovery="plain_restart": the old way as users run it - no torchft, one
                        process group over every group (torchtitan under torchrun), every process
                        restarted on any failure and loading the newest checkpoint, all at once
@@ -80,19 +81,45 @@ from monarch_nb.ft import FTRun, RunConfig  # noqa: E402
 from monarch_nb.ft.config import MODELS as FLAVOURS  # noqa: E402
 
 
-def calibrate(groups: int, model: str, a: argparse.Namespace) -> tuple[float, float]:
-    """(median step time, median checkpoint stall) of this model at this size on this machine."""
-    run = FTRun(RunConfig(replicas=groups, model=model, seq_len=a.seq_len, checkpoint_every=5, steps=None,
-                          run_name=f"goodput-calibrate-g{groups}-{time.strftime('%H%M%S')}"))
+CALIBRATION_EVERY = 10  # steps between the calibration run's saves: most steps are untouched by one
+
+
+@dataclasses.dataclass(frozen=True)
+class Calibration:
+    """This model at this size on this machine, from one fault-free run saving every
+    CALIBRATION_EVERY steps. ``save_cost_s`` is what one asynchronous save costs the training in
+    all: the training thread's stall while it stages a copy, plus the slowdown of the following
+    steps while its background thread writes (on a small box that thread competes with the
+    training for the same cores). Young/Daly's rule wants the whole cost, not only the stall."""
+
+    step_s: float  # median time between committed steps
+    save_stall_s: float  # median stall of the training thread per save
+    save_cost_s: float  # total excess step time per save (at least the stall)
+
+
+def calibrate(groups: int, model: str, a: argparse.Namespace) -> Calibration:
+    run = FTRun(RunConfig(replicas=groups, model=model, seq_len=a.seq_len, checkpoint_every=CALIBRATION_EVERY,
+                          steps=None, run_name=f"goodput-calibrate-g{groups}-{time.strftime('%H%M%S')}"))
     try:
         run.start()
-        run.wait_for(lambda e: e.kind == "checkpoint_saved" and e.step >= 20, timeout=a.timeout)
+        run.wait_for(lambda e: e.kind == "checkpoint_saved" and e.step >= 5 * CALIBRATION_EVERY, timeout=a.timeout)
     finally:
         run.stop()
-    times = [e.t for e in run.history().steps(0)]
-    step = statistics.median(b - x for x, b in zip(times, times[1:]))
-    stall = statistics.median(e.stall for e in run.events.events("checkpoint_saved"))
-    return step, stall
+    return calibration(run.history().steps(0), run.events.events("checkpoint_saved"))
+
+
+def calibration(steps: list, saves: list) -> Calibration:
+    """Step time, save stall and save cost from group 0's committed steps and the saves: the
+    cost is the time the steps between the first and the last save took beyond the median step,
+    per save in that span."""
+    at = {e.step: e.t for e in steps}
+    gaps = {s: at[s] - at[s - 1] for s in at if s - 1 in at}
+    step = statistics.median(gaps.values())
+    stall = statistics.median(e.stall for e in saves)
+    saved = sorted(e.step for e in saves)
+    span = [g for s, g in gaps.items() if saved[0] < s <= saved[-1]]
+    per_save = sum(g - step for g in span) / (len(saved) - 1) if len(saved) > 1 and span else stall
+    return Calibration(step_s=step, save_stall_s=stall, save_cost_s=max(stall, per_save))
 
 
 def young_daly_k(save_cost: float, mtbf: float, step_time: float) -> int:
@@ -248,12 +275,13 @@ def arm_config(arm: str, base: dict, k: int, fixed_k: int) -> RunConfig:
             "peer_spare": lambda: RunConfig(**base, spares=1, checkpoint_every=k)}[arm]()
 
 
-def compare(a: argparse.Namespace, groups: int, model: str, period: float, step_time: float, stall: float,
+def compare(a: argparse.Namespace, groups: int, model: str, period: float, cal: Calibration,
             reference: dict | None = None) -> list[dict]:
     """Every arm of one race (size, flavour) at one fault period; ``reference`` (a no_faults
     record) is reused when given."""
     base = dict(replicas=groups, steps=None, seq_len=a.seq_len, model=model)
-    k = young_daly_k(stall, period, step_time)
+    step_time, cost = cal.step_s, cal.save_cost_s
+    k = young_daly_k(cost, period, step_time)
     arms = list(a.arms or (QUICK_ARMS if a.quick else ARMS))
     if reference is not None:
         arms = [arm for arm in arms if arm != "no_faults"]
@@ -269,9 +297,9 @@ def compare(a: argparse.Namespace, groups: int, model: str, period: float, step_
     ref = records[0]
     for r in records:
         r["young_daly_k"] = k
-        r["checkpoint_rule"] = (f"K = round(sqrt(2 * save_stall * period) / step_time) = round(sqrt(2 * {stall:.4f} "
+        r["checkpoint_rule"] = (f"K = round(sqrt(2 * save_cost * period) / step_time) = round(sqrt(2 * {cost:.4f} "
                                 f"* {period:g}) / {step_time:.4f}) = {k}")
-        r["step_time_s"], r["save_stall_s"] = step_time, stall
+        r["step_time_s"], r["save_stall_s"], r["save_cost_s"] = step_time, cal.save_stall_s, cost
     derive(records)
     return records
 
@@ -372,14 +400,14 @@ def main(argv: list[str] | None = None) -> int:
     records = []
     out = Path(a.out)
     for groups, model in races:
-        step_time, stall = calibrate(groups, model, a)
+        cal = calibrate(groups, model, a)
         if a.target_seconds:
-            a.target = max(20, round(a.target_seconds / step_time))
-        print(f"calibration, {groups} groups, {model}: median step {step_time:.3f} s, checkpoint stall {stall:.3f} s; "
-              f"target step {a.target}", flush=True)
+            a.target = max(20, round(a.target_seconds / cal.step_s))
+        print(f"calibration, {groups} groups, {model}: median step {cal.step_s:.3f} s, save stall {cal.save_stall_s:.3f} s, "
+              f"save cost {cal.save_cost_s:.3f} s; target step {a.target}", flush=True)
         reference = None
         for period in ([10.0, 20.0, 30.0, 60.0] if a.sweep else [a.period]):
-            got = compare(a, groups, model, period, step_time, stall, reference)
+            got = compare(a, groups, model, period, cal, reference)
             reference = got[0]  # no faults does not depend on the period: measured once
             records += got
             write(out, records, a, argv)  # after every race: a later failure keeps what was measured

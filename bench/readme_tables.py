@@ -347,8 +347,11 @@ def goodput_block(result: dict[str, Any]) -> str:
     for groups, model in races:
         arms = arms_of((groups, model))
         ref = arms[0]
+        cost = (f", save cost {ref['save_cost_s']:.4f} s (the stall and its background write's slowdown of the "
+                f"next steps)" if "save_cost_s" in ref else "")
         lines.append(_wrap(f"**{groups} groups, {model}**: step {ref['step_time_s']:.3f} s, save stall "
-                           f"{ref['save_stall_s']:.4f} s, so {ref['checkpoint_rule']}; target step {ref['target_step']}."))
+                           f"{ref['save_stall_s']:.4f} s{cost}, so {ref['checkpoint_rule']}; target step "
+                           f"{ref['target_step']}."))
         lines += ["", "| arm | checkpoint every | wall s | goodput | token goodput | faults | steps redone | lost s: "
                   + ", ".join(LOST_PARTS) + " |", "|---|---|---|---|---|---|---|---|"]
         for r in arms:

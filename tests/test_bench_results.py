@@ -134,3 +134,20 @@ def test_the_goodput_json_has_every_arm_at_every_size_and_where_its_time_went():
             assert abs(r["goodput"] - (reached / r["wall_s"]) / (ref["target_step"] / ref["wall_s"])) < 1e-9, r["arm"]
             if reached < r["target_step"]:
                 assert r["limit_s"] and abs(r["wall_s"] - r["limit_s"]) < 1e-6, r["arm"]
+
+
+def test_a_saves_cost_is_its_stall_and_the_steps_its_write_slows():
+    """Young/Daly's save cost (bench_goodput's calibration): a save at step s stalls step s+1 and
+    its background write slows s+1 and s+2; the cost per save is all of that, not the stall."""
+    from types import SimpleNamespace as E
+
+    bench = load_bench("bench_goodput")
+    t, steps = 0.0, []
+    for s in range(1, 41):
+        t += 0.1 + {1: 0.05, 2: 0.1}.get(s % 10, 0.0)  # saves at 10, 20, 30, 40 slow the two steps after
+        steps.append(E(step=s, t=t))
+    saves = [E(step=s, stall=0.01) for s in (10, 20, 30, 40)]
+    cal = bench.calibration(steps, saves)
+    assert abs(cal.step_s - 0.1) < 1e-9 and cal.save_stall_s == 0.01
+    assert abs(cal.save_cost_s - 0.15) < 1e-9, cal
+    assert bench.calibration(steps[:12], saves[:1]).save_cost_s == 0.01  # one save: no span to measure, its stall
