@@ -24,6 +24,13 @@ DEFAULT_ENV = {
     # A proc that reports no state for this long is failed: calls into a cancelled SLURM
     # allocation raise after ~5.5 s instead of ~61 s (Monarch's default).
     "HYPERACTOR_MESH_GET_PROC_STATE_MAX_IDLE": "5s",
+    # Monarch's host agent stops every proc whose owner's keepalive has lapsed, checking once per
+    # this timeout. At its default (60 s) it stopped the 3 freshly spawned procs of a live
+    # controller 9 s after their spawn (bench_goodput, 2026-12-04 06:38:00: "stopping 6 orphaned
+    # procs past their keepalive expiry", then Killed(sig=9) while the run started). A dead
+    # controller's workers are monarch_nb's reaper's to end (within ~0.25 s); Monarch's own
+    # orphan check is kept as a slower backstop.
+    "HYPERACTOR_MESH_ORPHAN_TIMEOUT": "10m",
 }
 # For workers whose hosts are all this machine (set per mesh, never for remote hosts, where
 # gloo must use a real interface).
