@@ -123,6 +123,9 @@ def test_the_goodput_json_has_every_arm_at_every_size_and_where_its_time_went():
             assert r["faults"] >= 1, r["arm"]
         if r["arm"] in ("peer", "peer_spare", "restart", "plain_restart"):  # one checkpoint rule for all
             assert r["checkpoint_every"] == r["young_daly_k"], r["arm"]
+        # Young/Daly from the whole cost of a save (stall and the slowdown its write causes)
+        assert r["save_cost_s"] >= r["save_stall_s"] > 0, r["arm"]
+        assert r["young_daly_k"] == bench.young_daly_k(r["save_cost_s"], result["args"]["period"], r["step_time_s"])
     for key in races:  # the most peer could gain on each arm: its own fault-free pace
         same = {r["arm"]: r for r in recs if bench.race(r) == key}
         pace = same["no_faults"]["wall_s"] + same["peer"]["lost_s"]["steady_steps"]

@@ -342,6 +342,9 @@ class Supervisor:
                 if failure is not None and not self.stopping.is_set() and g.state not in TERMINAL:
                     self.recover(g, failure)
             except Exception as e:  # never let the supervisor die silently
+                if self.stopping.is_set():  # a recovery cut short by stop(): nothing went wrong
+                    log.debug("supervising %s: stopped during a recovery: %s", g.name, e)
+                    return
                 log.exception("supervising %s: %s", g.name, e)
                 self.stopping.wait(1.0)
 
