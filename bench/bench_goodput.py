@@ -102,7 +102,7 @@ def calibrate(groups: int, model: str, a: argparse.Namespace) -> Calibration:
                           steps=None, run_name=f"goodput-calibrate-g{groups}-{time.strftime('%H%M%S')}"))
     try:
         run.start()
-        run.wait_for(lambda e: e.kind == "checkpoint_saved" and e.step >= 5 * CALIBRATION_EVERY, timeout=a.timeout)
+        run.wait_for(lambda e: e.kind == "checkpoint_saved" and e.step >= 4 * CALIBRATION_EVERY, timeout=a.timeout)
     finally:
         run.stop()
     return calibration(run.history().steps(0), run.events.events("checkpoint_saved"))
@@ -360,9 +360,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--kind", default="kill")
     p.add_argument("--fixed-k", type=int, default=50)
     p.add_argument("--timeout", type=float, default=1800.0)
-    p.add_argument("--arm-limit", type=float, default=3.0,
+    p.add_argument("--arm-limit", type=float, default=2.0,
                    help="an arm that has not reached the target after this many times the no_faults arm's wall "
-                        "time stops there; its goodput is its rate of progress (default 3)")
+                        "time stops there; its goodput is its rate of progress (default 2)")
     p.add_argument("--out", required=True, help="JSON results; PNGs are written beside it")
     p.add_argument("--reread", action="store_true",
                    help="measure nothing: recompute the derived figures (goodput, lost_s) of --out's records")
