@@ -109,10 +109,6 @@ class MeshHandle:
             proc.state, proc.reason = FAILED, reason
         return True
 
-    def is_alive(self, rank: int) -> bool:
-        """True while ``rank`` is marked alive (not failed, not stopped)."""
-        return 0 <= rank < len(self.procs) and self.procs[rank].state == ALIVE and not self.stopped
-
     def gone_here(self) -> list[ProcInfo]:
         """Live-marked processes on this machine whose pid is gone."""
         here = socket.gethostname()

@@ -478,8 +478,7 @@ class Session:
             for handle in live:
                 if handle.local and handle.pid_watch and handle.gone_here():
                     # a process of an allocation that its scheduler ended died of that: say so
-                    cause = self._scheduler_cause(handle) if handle.allocation is not None else None
-                    for rank in handle.refresh(cause):
+                    for rank in handle.refresh(self._cause_of_death(handle)):
                         self._record_failure(handle, rank, handle.procs[rank].reason)
             if time.monotonic() >= next_jobs:
                 next_jobs = time.monotonic() + JOB_WATCH_INTERVAL_S
@@ -503,6 +502,13 @@ class Session:
             if status.state != "COMPLETING" or time.monotonic() >= settle:
                 return status.describe(handle.allocation.kind.upper())
             time.sleep(0.05)
+
+    def _cause_of_death(self, handle: MeshHandle, fallback: str | None = None) -> str | None:
+        """Why a process of ``handle`` died, as the scheduler of its allocation tells it (the
+        allocation was cancelled, preempted, its node lost), else ``fallback``: every check
+        that finds a death asks this first, so the first to report it names the real cause."""
+        cause = self._scheduler_cause(handle) if handle.allocation is not None else None
+        return cause or fallback
 
     def _check_allocation(self, handle: MeshHandle) -> None:
         reason = self._scheduler_cause(handle)
@@ -596,9 +602,7 @@ class Session:
                     owner = None  # a late report about an actor mesh we already replaced
             handles = list(self.meshes.values())
         if owner is not None:
-            cause = reason
-            if owner.allocation is not None and any(owner.is_alive(rank) for rank in ranks):
-                cause = self._scheduler_cause(owner) or reason
+            cause = self._cause_of_death(owner, reason) if set(ranks) & set(owner.healthy_ranks) else reason
             for rank in ranks:
                 if owner.mark_failed(rank, cause):
                     self._record_failure(owner, rank, cause)
@@ -607,9 +611,7 @@ class Session:
             return
         # Monarch's internal meshes (e.g. its logger) report too; find the dead pid ourselves.
         for handle in handles:
-            cause = reason
-            if handle.allocation is not None and handle.gone_here():
-                cause = self._scheduler_cause(handle) or reason
+            cause = self._cause_of_death(handle, reason) if handle.gone_here() else reason
             for rank in handle.refresh(cause):
                 self._record_failure(handle, rank, cause)
 
@@ -829,22 +831,11 @@ def _ensure_gone(pids: list[int], timeout: float) -> None:
             procs.append(psutil.Process(pid))
         except psutil.NoSuchProcess:
             pass
-
-    def running(procs: list) -> list:
-        left = []
-        for proc in procs:
-            try:
-                if proc.status() != psutil.STATUS_ZOMBIE:
-                    left.append(proc)
-            except psutil.NoSuchProcess:
-                pass
-        return left
-
     deadline = time.monotonic() + min(timeout, 5.0)
-    alive = running(procs)
+    alive = [p for p in procs if pid_alive(p.pid)]
     while alive and time.monotonic() < deadline:
         time.sleep(0.05)
-        alive = running(alive)
+        alive = [p for p in alive if pid_alive(p.pid)]
     for proc in alive:
         try:
             proc.kill()
