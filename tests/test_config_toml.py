@@ -153,9 +153,23 @@ def test_errors_name_the_section_and_key_and_what_is_allowed(tmp_path, text, exp
     assert str(path) in str(err.value)  # which file
 
 
-def test_a_missing_file_says_what_to_give():
-    with pytest.raises(ValueError, match=r"^nosuch\.toml: no such file; give the path of a TOML job file"):
-        RunConfig.from_toml("nosuch.toml")
+def test_a_missing_file_names_every_place_looked_and_the_working_directory(tmp_path, monkeypatch):
+    (tmp_path / "pyproject.toml").write_text("")
+    (tmp_path / "notebooks").mkdir()
+    monkeypatch.chdir(tmp_path / "notebooks")
+    with pytest.raises(ValueError) as err:
+        RunConfig.from_toml("examples/nosuch.toml")
+    message = str(err.value)
+    assert message.startswith("config: examples/nosuch.toml not found; looked in ")
+    assert str(tmp_path / "notebooks" / "examples" / "nosuch.toml") in message
+    assert str(tmp_path / "examples" / "nosuch.toml") in message
+    assert f"the working directory is {tmp_path / 'notebooks'}" in message
+
+
+def test_a_relative_job_file_is_found_from_the_notebooks_folder_as_the_readme_writes_it(monkeypatch):
+    monkeypatch.chdir(REPO / "notebooks")  # JupyterLab's root and the executor's working directory
+    config = RunConfig.from_toml("examples/llama3_debug_ft.toml")
+    assert config.replicas == 3 and config.model == "debugmodel"
 
 
 def test_an_override_fixes_what_the_file_got_wrong_and_is_named_as_a_field(tmp_path):

@@ -186,6 +186,94 @@ def test_scheduled_waves_never_leave_fewer_than_keep_training_groups(tmp_path):
     assert len(sent) >= 8 and lowest[0] == 4
 
 
+@pytest.mark.parametrize("groups, at_once, keep, message", [
+    (2, 5, 3, r"^keep: 3 training groups kept standing leaves none of this run's 2 group\(s\) to fault; "
+              r"allowed: --keep 1\.\.1"),
+    (2, 1, 2, r"^keep: 2 training groups kept standing"),
+    (1, 1, 1, r"allowed: none: a run of one group has no group to spare"),
+    (2, 2, 1, r"^at_once: 2 groups at once can never be hit: the run has 2 groups and keeps 1 training; "
+              r"allowed: --at-once 1\.\.1"),
+    (16, 9, 8, r"^at_once: 9 groups at once can never be hit"),
+])
+def test_a_schedule_the_groups_can_never_satisfy_is_refused_when_set(tmp_path, groups, at_once, keep, message):
+    from monarch_nb.ft.groups import TRAINING, GroupTable
+    from monarch_nb.ft.injector import FaultInjector
+
+    table = GroupTable(groups)
+    for g in table:
+        g.state = TRAINING
+    injector = FaultInjector(1, table, str(tmp_path / "faults.jsonl"), lambda f: None, lambda f: None,
+                             lambda e: None, lambda: True)
+    with pytest.raises(ValueError, match=message):
+        injector.schedule(30, kinds=["kill"], at_once=at_once, keep=keep)
+    assert injector._schedule_stop is None  # nothing was started
+    if groups > 1:
+        with pytest.raises(ValueError, match=r"^rank: 3 is not a rank of a group of 1; allowed: 0\.\.0"):
+            injector.schedule(30, kinds=["kill"], rank=3, keep=groups - 1)
+
+
+def test_a_wave_that_finds_too_few_groups_training_is_recorded_as_skipped_with_its_reason(tmp_path):
+    """4 groups, waves of 2 keeping 2: with 3 of them out, a wave cannot fire and says why."""
+    import threading
+    import time
+
+    from monarch_nb.ft.groups import FAILED, TRAINING, GroupTable
+    from monarch_nb.ft.injector import FaultInjector
+    from monarch_nb.telemetry.events import FaultSkipped
+
+    table = GroupTable(4)
+    for g in table:
+        g.state = TRAINING
+    for g in list(table)[:2]:
+        g.state = FAILED  # two already out: a wave of 2 keeping 2 has none to take
+    events, lock = [], threading.Lock()
+
+    def emit(e):
+        with lock:
+            events.append(e)
+
+    injector = FaultInjector(1, table, str(tmp_path / "faults.jsonl"), lambda f: None, lambda f: None, emit,
+                             lambda: True)
+    injector.schedule(0.02, kinds=["comms"], at_once=2, keep=2, seed=0)
+    try:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            with lock:
+                if any(isinstance(e, FaultSkipped) for e in events):
+                    break
+            time.sleep(0.01)
+    finally:
+        injector.stop_schedule()
+    skipped = [e for e in events if isinstance(e, FaultSkipped)]
+    assert skipped, events
+    assert (skipped[0].wanted, skipped[0].fired, skipped[0].training, skipped[0].keep) == (2, 0, 2, 2)
+    assert skipped[0].reason == ("a scheduled wave fired 0 of 2 fault(s): 2 group(s) training and 2 kept standing "
+                                 "leave 0 to fault")
+
+
+def test_one_notice_per_streak_of_skipped_waves_and_one_when_the_run_finishes():
+    from types import SimpleNamespace
+
+    from monarch_nb.notebook.notices import FailureNotices, notice_text
+    from monarch_nb.telemetry import EventStore
+    from monarch_nb.telemetry.events import FaultInjected, FaultSkipped, RunFinished
+
+    shown: list = []
+    notices = FailureNotices(show=shown.append)
+    notices.pre_run_cell()
+    run = SimpleNamespace(events=EventStore())
+    notices.watch_run(run)
+    skip = dict(wanted=2, fired=0, training=2, keep=2, reason="a scheduled wave fired 0 of 2 fault(s): ...")
+    for _ in range(3):
+        run.events.append(FaultSkipped(**skip))
+    run.events.append(FaultInjected(fault="kill", replica=0, rank=0))
+    run.events.append(FaultSkipped(**skip))
+    run.events.append(RunFinished(step=50, checkpoint="/runs/r/checkpoints/step-0000050", seconds=0.1))
+    assert [type(e).__name__ for e in shown] == ["FaultSkipped", "FaultSkipped", "RunFinished"]
+    assert "finished at step 50" in notice_text(shown[-1]) and "step-0000050" in notice_text(shown[-1])
+    notices.close()
+
+
 def _dead_child(tmp_path, kind, log=None):
     """A real child process that fires ``kind`` the way a trainer does (recording it in the
     fault log first when ``log`` is given); returns it once it has ended, not reaped."""

@@ -108,7 +108,7 @@ def test_an_exception_on_some_ranks_is_shown_per_rank_with_the_others_results(sh
     ("schedule --every 5 --at-once 0", "expected a positive integer"),
     ("up --partition debug", "--partition and --time need --slurm"),
     ("up --procs 10000", "procs: 10000 x 1 host(s) = 10000 processes on this machine"),
-    ("wait", "the following arguments are required: {rejoin,step}"),
+    ("wait", "the following arguments are required: {rejoin,step,spare}"),
     ("wait forever", "invalid choice: 'forever'"),
     ("wait step", "the following arguments are required: N"),
     ("wait step 0", "expected a positive integer, got 0"),
@@ -142,7 +142,11 @@ def test_bad_line_arguments_raise_usage_error_with_usage(shell, line, expected):
     ("wait rejoin", "no fault-tolerant run is active"),
     ("wait step 10", "no fault-tolerant run is active"),
     ("check", "no fault-tolerant run is active"),
-    ("train --config nosuch.toml", "nosuch.toml: no such file; give the path of a TOML job file"),
+    ("train --config nosuch.toml", "config: nosuch.toml not found; looked in "),
+    ("train --name ../escape", "run_name: '../escape' is not allowed: a run name is one directory name"),
+    ("train --name ''", "run_name: '' is not allowed"),
+    ("train --resume runs/x --resume-from runs/y/checkpoints", "--resume continues a run from its own checkpoints"),
+    ("train --resume-from /nonexistent/ckpt", "resume_from: /nonexistent/ckpt does not exist"),
     (f"train --config {EXAMPLE} --seq-len 4", "seq_len: must be an integer >= 8, got 4"),
 ])
 def test_training_commands_refuse_bad_input_before_starting_anything(shell, msession, line, expected):
@@ -292,8 +296,10 @@ def test_train_config_reads_the_job_file_and_flags_override_it(shell, monkeypatc
 
     class RecordingRun:  # stands in for FTRun: records the config, starts nothing
         def __init__(self, config, session=None):
+            from monarch_nb.telemetry import EventStore
+
             self.config, self.run_id, self.run_dir, self.stopped = config, "recorded", Path("/nowhere"), False
-            self.resume_from = None
+            self.resume_from, self.resume_source, self.events = None, None, EventStore()
             made.append(self)
 
         def start(self):

@@ -47,5 +47,7 @@ def test_the_first_10_minutes_run_as_written(tmp_path):
     every = "\n".join(text)
     assert re.search(r"rank 0 at \{'gpus': 0\}, pid \d+", every) and re.search(r"rank 1 at \{'gpus': 1\}", every)
     assert "replica 1 rejoined at step" in every
+    assert "warm spare(s) ready: spare0" in every
+    assert "acquired by spare" in every  # the spare took the victim's place, not a cold respawn
     assert "bit-identical" in every
     assert "loss_start" in every  # the history's summary, rebuilt from the event log

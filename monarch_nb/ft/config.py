@@ -49,6 +49,20 @@ def refuse_exposure(field: str, shown: str, host: str, job: str, expose: bool) -
                          "machine. Set expose=True to let other hosts connect")
 
 
+# A run name is one path component of these, so a run directory is always a child of the runs root.
+RUN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
+RESERVED_RUN_NAMES = ("sessions",)  # runs_root/sessions holds the sessions' own logs
+
+
+def check_run_name(name: object) -> None:
+    """Refuse a run name that is not one safe path component (``ValueError`` naming the rule)."""
+    if not isinstance(name, str) or not RUN_NAME.fullmatch(name) or name in RESERVED_RUN_NAMES:
+        raise ValueError(f"run_name: {name!r} is not allowed: a run name is one directory name of 1-100 letters, "
+                         "digits, '.', '_' or '-', starting with a letter or digit (no '/', '..', spaces or "
+                         f"control characters; not {', '.join(map(repr, RESERVED_RUN_NAMES))}); "
+                         "or leave it out for a timestamp")
+
+
 RECOVERIES = ("peer", "restart", "plain_restart")
 # every failure restarts the whole run from its newest checkpoint
 RESTARTS = ("restart", "plain_restart")
@@ -149,7 +163,11 @@ class RunConfig:
         checkpoint_every: committed steps between durable checkpoints (torch DCP, written
             asynchronously by one group); None (default): none. torchtitan's
             ``[checkpoint] enable`` + ``interval``.
-        checkpoint_dir: where checkpoints go; None (default): ``<run_dir>/checkpoints``.
+        checkpoint_dir: where checkpoints go; None (default): ``<run_dir>/checkpoints``. A
+            relative path is taken inside the run directory (as torchtitan takes ``[checkpoint]
+            folder`` inside its dump folder), so every run has its own. The folder belongs to
+            one run (its ``manifest.json`` names it): a run refuses a folder another run owns,
+            and never prunes, overwrites or resumes from another run's checkpoints.
             torchtitan's ``[checkpoint] folder``.
         checkpoint_keep: newest complete checkpoints kept, older ones deleted (default 3).
             torchtitan's ``[checkpoint] keep_latest_k``.
@@ -159,6 +177,12 @@ class RunConfig:
             "plain_restart": the same with no torchft at all - one process group over every
             group, built once, as a torchtitan job under torchrun runs (ft/plain.py); no spares,
             and every group must be up for a step (min_replicas is the whole job).
+        resume_from: start this new run from a durable checkpoint written by another run: a
+            ``step-N`` directory, or a checkpoint folder (its newest complete checkpoint). Its
+            weights, optimizer state, LR schedule and step are loaded into every group before
+            the first step, and the ``resumed`` event names the source run. Refused when the
+            checkpoint's model or group size differs. (To continue the *same* run, use
+            ``FTRun.resume(run_dir)``.) None (default): start from the initial weights.
 
     Controller (the notebook kernel):
         poll_interval_s: how often each group's telemetry is drained (default 0.25 s). With
@@ -177,7 +201,8 @@ class RunConfig:
         check_identical: after every rejoin, prove the replicas bit-identical by hashing
             parameters and optimizer state at a common step (default True).
         runs_root: where run directories go (None, default: $MONARCH_NB_RUNS, else ./runs).
-        run_name: the run directory's name (None, default: a timestamp); must be new.
+        run_name: the run directory's name (None, default: a timestamp); must be new, and one
+            directory name of letters, digits, '.', '_' and '-' (at most 100).
         data_dir: a directory with ``tokenizer.json``, ``tokenizer_config.json`` and
             ``corpus.jsonl`` (None, default: a tiny tokenizer and corpus built on this
             machine; token ids must stay below the flavour's vocabulary, 2048 for
@@ -219,11 +244,12 @@ class RunConfig:
     # (127.0.0.1 on this machine; the node's own address, from its hostname, on a cluster).
     advertise_host: str | None = None
     expose: bool = False  # opt-in: let a local run advertise a non-loopback address
-    # checkpoints: recorded and validated, not acted on yet (a later change implements checkpointing)
-    checkpoint_every: int | None = None  # steps between checkpoints; None: no checkpoints
-    checkpoint_dir: str | None = None  # where checkpoints go; None: inside the run directory
+    # durable checkpoints (ft/durable.py); a finished run always writes its final one
+    checkpoint_every: int | None = None  # steps between checkpoints; None: only the final one
+    checkpoint_dir: str | None = None  # where checkpoints go; None or relative: inside the run directory
     checkpoint_keep: int = 3  # newest checkpoints kept
     recovery: str = "peer"  # "peer": heal from a live peer; "restart": every group restarts from disk
+    resume_from: str | None = None  # a new run starts from another run's checkpoint (named, recorded)
     # controller
     poll_interval_s: float = 0.25  # how often each group's telemetry is drained
     hang_timeout_s: float = 5.0  # a group that answers nothing for this long is hung
@@ -301,6 +327,14 @@ class RunConfig:
             raise ValueError(f"checkpoint_dir: must be a directory path (or None: inside the run directory), "
                              f"got {self.checkpoint_dir!r}")
         need_int("checkpoint_keep", 1)
+        if self.resume_from is not None and (not isinstance(self.resume_from, str) or not self.resume_from):
+            raise ValueError(f"resume_from: must be a checkpoint path (a step-N directory or a checkpoint folder), "
+                             f"got {self.resume_from!r}")
+        if self.run_name is not None:
+            check_run_name(self.run_name)
+        if self.runs_root is not None and (not isinstance(self.runs_root, str) or not self.runs_root):
+            raise ValueError(f"runs_root: must be a directory path (or None: $MONARCH_NB_RUNS or ./runs), "
+                             f"got {self.runs_root!r}")
         if self.recovery not in RECOVERIES:
             raise ValueError(f"recovery: unknown value {self.recovery!r}; allowed values: {', '.join(RECOVERIES)}")
         if self.recovery == "plain_restart" and self.spares:
@@ -361,6 +395,7 @@ class RunConfig:
 
         Example: ``RunConfig.from_toml("examples/llama3_debug_ft.toml", steps=50)``.
         """
+        path = find_job_file(path)
         values, origins = read_job_file(path, typing.get_type_hints(cls))
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(overrides) - known)
@@ -371,6 +406,27 @@ class RunConfig:
             return cfg.validate()
         except ValueError as exc:
             raise ValueError(_name_the_file_key(str(exc), origins, set(overrides), str(path))) from None
+
+
+def find_job_file(path: str | Path) -> Path:
+    """A job file by its path: as given (absolute, or relative to the working directory), else
+    relative to the project root - the nearest folder at or above the working directory that
+    holds ``pyproject.toml`` or ``.git`` (JupyterLab and ``monarch-nb execute`` run notebooks in
+    ``notebooks/``, where the README's ``examples/...`` paths would not resolve). A file found
+    nowhere is refused naming every place looked and the working directory."""
+    given = Path(path).expanduser()
+    cwd = Path.cwd()
+    tried = [given if given.is_absolute() else cwd / given]
+    if not given.is_absolute():
+        root = next((d for d in (cwd, *cwd.parents) if (d / "pyproject.toml").is_file() or (d / ".git").exists()),
+                    None)
+        if root is not None and root != cwd:
+            tried.append(root / given)
+    for candidate in tried:
+        if candidate.is_file():
+            return candidate
+    raise ValueError(f"config: {path} not found; looked in {' and '.join(map(str, tried))} (the working directory "
+                     f"is {cwd}); give the job file's path, e.g. examples/llama3_debug_ft.toml from the project root")
 
 
 def _name_the_file_key(message: str, origins: dict[str, str], overridden: set[str], path: str) -> str:

@@ -108,7 +108,8 @@ class DurableCheckpointer:
         self.root, self.every, self.keep = Path(root), every, keep
         self.rank, self.group_size = rank, group_size
         self._state, self._meta, self._emit, self._pg = state, meta, emit, process_group
-        self._pending: tuple[int, Future, float, float, int, list[float]] | None = None
+        # (step, DCP's future, start, stall, bytes, when the write ended, the meta of the step)
+        self._pending: tuple[int, Future, float, float, int, list[float], dict[str, Any]] | None = None
 
     def after_commit(self, step: int, saver: bool) -> None:
         """Called after every committed step: finish a save that is done, start one when due."""
@@ -137,12 +138,15 @@ class DurableCheckpointer:
         written: list[float] = []  # when the write ended (in DCP's writer thread, or at once if it wrote here)
         future.add_done_callback(lambda _: written.append(time.time()))
         stall = time.time() - t0
-        self._pending = (step, future, t0, stall, tensor_bytes(state), written)
+        # The meta (LR schedule, hyper-parameters) of the step saved, not of the step at which the
+        # background write happens to end: a resume must continue the schedule where the weights are.
+        meta = self._meta(step) if self.rank == 0 else {}
+        self._pending = (step, future, t0, stall, tensor_bytes(state), written, meta)
 
     def _finish_if_done(self, wait: bool = False) -> None:
         if self._pending is None:
             return
-        step, future, t0, stall, nbytes, written = self._pending
+        step, future, t0, stall, nbytes, written, meta = self._pending
         if not wait and not future.done():
             return
         self._pending = None
@@ -150,12 +154,7 @@ class DurableCheckpointer:
         try:
             future.result()
             if self.rank == 0:
-                import torch
-
-                torch.save(self._meta(step), path / META)
-                _fsync_dir(path)
-                (path / COMPLETE).write_text(json.dumps({"step": step, "t": time.time()}))
-                self._prune()
+                mark_complete(path, meta, self.keep)
         except Exception as exc:
             self._emit({"kind": "checkpoint_failed", "step": step, "rank": self.rank, "t": time.time(),
                         "error": f"{type(exc).__name__}: {exc}"[:300]})
@@ -185,10 +184,44 @@ class DurableCheckpointer:
         self._finish_if_done(wait=True)
         return None
 
-    def _prune(self) -> None:
-        complete = [c for c in list_checkpoints(self.root) if c.complete]
-        for old in complete[:-self.keep]:
-            shutil.rmtree(old.path, ignore_errors=True)
+    def save_final(self, step: int, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The run reached its last step: the state of ``step`` is written now, synchronously
+        (after any periodic save still writing), unless a periodic save already holds it.
+        Every rank of the group calls it. Returns the ``checkpoint_saved`` record (``saved``
+        False, and no event, when a periodic save already holds the step)."""
+        self.close(timeout=None)
+        path = step_dir(self.root, step)
+        if (path / COMPLETE).exists():
+            return {"step": step, "path": str(path), "saved": False, **(extra or {})}
+        import torch.distributed as dist
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint import FileSystemWriter
+
+        t0 = time.time()
+        path.mkdir(parents=True, exist_ok=True)
+        state = self._state()
+        dcp.save(state, storage_writer=FileSystemWriter(str(path)), process_group=self._pg,
+                 no_dist=not dist.is_initialized())
+        if self.rank == 0:
+            mark_complete(path, self._meta(step), self.keep)
+        record = {"kind": "checkpoint_saved", "step": step, "rank": self.rank, "bytes": tensor_bytes(state),
+                  "seconds": time.time() - t0, "stall": time.time() - t0, "path": str(path), "final": True,
+                  "saved": True, **(extra or {}), "t": time.time()}
+        self._emit(record)
+        return record
+
+
+def mark_complete(path: Path, meta: dict[str, Any], keep: int) -> None:
+    """Rank 0, once DCP's files are written: the meta, then the ``COMPLETE`` marker (a save is
+    loadable only from here on), then the oldest complete checkpoints beyond ``keep`` go."""
+    import torch
+
+    torch.save(meta, path / META)
+    _fsync_dir(path)
+    (path / COMPLETE).write_text(json.dumps({"step": meta["step"], "t": time.time()}))
+    complete = [c for c in list_checkpoints(path.parent) if c.complete]
+    for old in complete[:-keep]:
+        shutil.rmtree(old.path, ignore_errors=True)
 
 
 def remove_torn(root: str | Path) -> list[CheckpointInfo]:

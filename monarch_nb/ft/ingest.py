@@ -135,10 +135,11 @@ class EventIngest:
                               offset=int(ev["offset"]), donor=ev.get("donor"), refetched_from=ev.get("refetched_from"))
         elif kind == "checkpoint_saved" and rank == 0:
             yield CheckpointSaved(t=t, replica=replica, step=int(ev["step"]), bytes=int(ev["bytes"]),
-                                  seconds=float(ev["seconds"]), stall=float(ev["stall"]), path=str(ev["path"]))
+                                  seconds=float(ev["seconds"]), stall=float(ev["stall"]), path=str(ev["path"]),
+                                  final=bool(ev.get("final", False)), digest=str(ev.get("digest", "")))
         elif kind == "checkpoint_loaded" and rank == 0:
             yield CheckpointLoaded(t=t, replica=replica, step=int(ev["step"]), path=str(ev["path"]),
-                                   seconds=float(ev["seconds"]))
+                                   seconds=float(ev["seconds"]), digest=str(ev.get("digest", "")))
         elif kind == "checkpoint_failed" and rank == 0:
             yield CheckpointFailed(t=t, replica=replica, step=int(ev["step"]), error=str(ev.get("error", "")))
         elif kind == "checkpoint_abandoned" and rank == 0:

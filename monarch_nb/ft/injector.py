@@ -6,8 +6,12 @@ step. A worker appends a line to the run's fault log (``faults.jsonl``) just bef
 a fault, because the process may be gone a moment later; :meth:`FaultInjector.fired_time`
 reads that log, so detection latency is measured from the fault itself, not from the
 injection, and :meth:`FaultInjector.fired_by` tells the pid check how a process that fired
-a fault ended when its exit status was reaped before it could be read. The schedule thread injects random faults every N seconds and never takes the
-last training group down (nor, with ``keep=K``, the training groups below K).
+a fault ended when its exit status was reaped before it could be read.
+
+The schedule thread injects random faults every N seconds and never takes the last training
+group down (nor, with ``keep=K``, the training groups below K). A schedule that the run's
+groups can never satisfy is refused when it is set; a wave that finds too few groups training
+later fires fewer faults, or none, and says so (``fault_skipped``).
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ import json
 import threading
 from typing import Any, Callable
 
-from ..telemetry.events import Event, FaultInjected
+from ..telemetry.events import Event, FaultInjected, FaultSkipped
 from .faults import CLUSTER_KINDS, Fault, FaultKind, FaultSchedule
 from .groups import HEALING, TRAINING, GroupTable
 
@@ -44,6 +48,10 @@ class FaultInjector:
         fault = Fault(kind=FaultKind.parse(kind), replica=replica, rank=rank, at_step=at_step, after_s=after_s,
                       hang_s=hang_s, during=during)
         fault.validate(len(self._groups.groups), self.group_size)  # groups added by scale() count
+        now = self._groups[fault.replica].step
+        if fault.at_step is not None and fault.at_step <= now:
+            raise ValueError(f"at_step: step {fault.at_step} has passed in replica {replica} (it committed step "
+                             f"{now}); give a later step, or none for the next one")
         if not self._running():
             raise RuntimeError("inject: the run is not running (call start() first)")
         if fault.after_s:
@@ -85,6 +93,7 @@ class FaultInjector:
         so a wave that finds groups still recovering is smaller, or skipped."""
         sched = FaultSchedule(every_s=every, kinds=tuple(kinds), seed=seed, rank=rank, max_faults=max_faults,
                               at_once=at_once, keep=keep)
+        refuse_impossible_waves(sched, len(self._groups.active()), self.group_size)
         self.stop_schedule()
         stop = self._schedule_stop = threading.Event()
 
@@ -95,12 +104,18 @@ class FaultInjector:
                 limit = len(live) - sched.keep  # never take the last (or the last `keep`) down
                 if sched.max_faults is not None:
                     limit = min(limit, sched.max_faults - n)
+                fired = 0
                 for fault in sched.next_wave(self.group_size, live, limit) if limit > 0 else []:
                     try:
                         self.send(fault)
                         n += 1
+                        fired += 1
                     except Exception:
                         continue
+                wanted = sched.at_once if sched.max_faults is None else min(sched.at_once, sched.max_faults - n + fired)
+                if fired < wanted:
+                    self._emit(FaultSkipped(wanted=wanted, fired=fired, training=len(live), keep=sched.keep,
+                                            reason=skip_reason(wanted, fired, len(live), sched.keep)))
                 if sched.max_faults is not None and n >= sched.max_faults:
                     return
 
@@ -156,3 +171,25 @@ class FaultInjector:
                 if rec.get("pid") == pid:
                     return str(rec.get("fault"))
         return None
+
+
+def refuse_impossible_waves(sched: FaultSchedule, groups: int, group_size: int) -> None:
+    """A schedule the run can never satisfy (``ValueError`` naming the flag and what is allowed):
+    more groups at once, or more kept standing, than the run has."""
+    if sched.keep >= groups:
+        allowed = f"--keep 1..{groups - 1}" if groups > 1 else "none: a run of one group has no group to spare"
+        raise ValueError(f"keep: {sched.keep} training groups kept standing leaves none of this run's {groups} "
+                         f"group(s) to fault; allowed: {allowed}")
+    if sched.at_once > groups - sched.keep:
+        raise ValueError(f"at_once: {sched.at_once} groups at once can never be hit: the run has {groups} groups and "
+                         f"keeps {sched.keep} training; allowed: --at-once 1..{groups - sched.keep} (or a lower --keep)")
+    if sched.rank is not None and not 0 <= sched.rank < group_size:
+        raise ValueError(f"rank: {sched.rank} is not a rank of a group of {group_size}; allowed: 0..{group_size - 1}")
+
+
+def skip_reason(wanted: int, fired: int, training: int, keep: int) -> str:
+    """Why a wave fired ``fired`` of ``wanted`` faults, in words."""
+    room = max(0, training - keep)
+    why = (f"{training} group(s) training and {keep} kept standing leave {room} to fault" if room < wanted
+           else "a target stopped training before its fault was armed")
+    return f"a scheduled wave fired {fired} of {wanted} fault(s): {why}"

@@ -486,6 +486,18 @@ class ReplicaTrainer:
         return {"step": step, "param_groups": groups, "lr_schedulers": self.lr_schedulers.state_dict(),
                 "fingerprint": self._fingerprint(), "run_id": self.cfg.get("run_id")}
 
+    def save_final(self) -> dict[str, Any]:
+        """The run reached its last step: write this step's state as a durable checkpoint into
+        the run's checkpoint folder (every rank of the saving group calls this; periodic
+        checkpoints on or off). Returns the step, path and parameter digest of what is on disk."""
+        from .durable import DurableCheckpointer
+
+        saver = self.durable or DurableCheckpointer(str(self.cfg["checkpoint_dir"]), 0,
+                                                    int(self.cfg.get("checkpoint_keep", 3)), self.rank,
+                                                    self.group_size, self._durable_state, self._durable_meta,
+                                                    self.emit, getattr(self, "_ckpt_pg", None))
+        return saver.save_final(self.current_step(), {"replica": self.replica, "digest": self.hashes()["params"]})
+
     def request_load(self, path: str) -> None:
         """Load checkpoint ``path`` before the next step (the training thread applies it)."""
         self._pending_load = path
@@ -513,7 +525,8 @@ class ReplicaTrainer:
             self.manager.load_state_dict({"step": step, "batches_committed": 0})
         self._retry = None
         self.emit({"kind": "checkpoint_loaded", "replica": self.replica, "rank": self.rank, "step": step,
-                   "path": str(path), "seconds": time.time() - t, "t": time.time()})
+                   "path": str(path), "seconds": time.time() - t, "digest": self.hashes()["params"],
+                   "t": time.time()})
         return step
 
     def _load_state_dict(self, state: dict[str, Any]) -> None:

@@ -36,17 +36,20 @@ from ..telemetry.events import (
     LighthouseRestarted,
     LighthouseStarted,
     ReplicasIdentical,
+    ReplicaState,
     RestartedFromScratch,
     Resumed,
+    RunFinished,
     RunStarted,
     RunStopped,
     Scaled,
     Step,
 )
 from .config import MAX_GROUPS, RESTARTS, RunConfig
-from .durable import META, CheckpointInfo, latest_complete, list_checkpoints, remove_torn
+from .checkpoint_owner import checkpoint_root, claim, own_checkpoint, read_fingerprint, source_checkpoint
+from .durable import CheckpointInfo, latest_complete, list_checkpoints, remove_torn
 from .faults import Fault, FaultKind, FaultSchedule, record_firing, refuse_corrupt_unless_striped
-from .groups import GAVE_UP, HEALING, RETIRED, STARTING, STOPPED, TRAINING, GroupTable, ReplicaGroup
+from .groups import FINISHED, GAVE_UP, HEALING, RETIRED, STARTING, STOPPED, TRAINING, GroupTable, ReplicaGroup
 from .history import RunHistory
 from .identity import IdentityChecks
 from .ingest import EventIngest
@@ -60,6 +63,7 @@ from .supervisor import Supervisor
 STOP_TIMEOUT_S = 3.0  # how long stop() waits for a group's polite stop before killing it
 SAVE_DEADLINE_MIN_S = 10.0  # stop() gives a save in flight at least this long...
 SAVE_DEADLINE_FACTOR = 3.0  # ...or this many times the slowest save of the run
+FINAL_SAVE_TIMEOUT_S = 600.0  # a finished run's last save (synchronous; a large model on a slow disk)
 
 
 def save_deadline(save_seconds: list[float]) -> float:
@@ -134,12 +138,25 @@ class FTRun:
             self.events = EventStore.open(self.run_dir / "events.jsonl", follow=True)
         else:
             self.run_id = cfg.run_name or time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
-            self.run_dir = runs_root(cfg.runs_root) / self.run_id
+            root = runs_root(cfg.runs_root)
+            self.run_dir = root / self.run_id
+            if self.run_dir.resolve().parent != root:  # validate() allows one plain component; never leave root
+                raise ValueError(f"run_name: {self.run_id!r} would put the run outside {root}; a run name is one "
+                                 "directory name")
             if (self.run_dir / "events.jsonl").exists():
-                raise ValueError(f"run_name: {self.run_id!r} already exists under {self.run_dir.parent}; pick another")
-        self.checkpoint_dir = Path(cfg.checkpoint_dir).resolve() if cfg.checkpoint_dir else self.run_dir / "checkpoints"
-        if cfg.checkpoint_every:
-            _check_writable(self.checkpoint_dir)  # before anything starts
+                raise ValueError(f"run_name: {self.run_id!r} already exists under {root}; pick another name, or "
+                                 f"continue that run: `%monarch train --resume {self.run_dir}` "
+                                 "(FTRun.resume(run_dir))")
+        self.checkpoint_dir = checkpoint_root(cfg.checkpoint_dir, self.run_dir)
+        self.resume_source: str | None = None  # the run that wrote resume_from, when it is another run
+        if _resume is None and cfg.resume_from:
+            self.resume_from, self.resume_source = source_checkpoint(cfg.resume_from, cfg.model, cfg.group_size)
+            _refuse_steps_at_or_below(cfg.steps, self.resume_from.step)
+        try:  # before anything starts: this run's folder, writable, owned by no other run
+            claim(self.checkpoint_dir, self.run_id, cfg.model, cfg.group_size, adopt=_resume is not None)
+        except OSError as exc:
+            raise ValueError(f"checkpoint_dir: {self.checkpoint_dir} is not writable ({exc.strerror or exc}); "
+                             "pick a directory you can write") from None
         if _resume is None:
             self.events = EventStore(self.run_dir / "events.jsonl")
         self.fault_log = str(self.run_dir / "faults.jsonl")
@@ -160,6 +177,8 @@ class FTRun:
         self.stopped = False
         self._stop_report: StopReport | None = None
         self.data_dir: str | None = None
+        self._finishing = threading.Lock()  # taken once, by the thread that ends a finished run
+        self._unwatch_finish: Callable[[], None] | None = None
 
     # ---- what is going on -------------------------------------------------------------
 
@@ -191,22 +210,27 @@ class FTRun:
         started = EventStore.open(log).events(RunStarted)
         if not started:
             raise ValueError(f"resume: {log} records no run_started; it is not a fault-tolerant run's log")
+        if overrides.get("resume_from"):
+            raise ValueError("resume_from: FTRun.resume continues a run from its own checkpoints; to start a new "
+                             "run from another run's checkpoint, pass resume_from to a new FTRun instead")
         fields = {f.name for f in dataclasses.fields(RunConfig)}
         saved = {k: v for k, v in started[-1].config.items() if k in fields}  # type: ignore[attr-defined]
-        saved.update(overrides)
+        saved.update(overrides, resume_from=None)  # where it started from is history now
         cfg = RunConfig.from_dict(saved)
-        root = Path(cfg.checkpoint_dir).resolve() if cfg.checkpoint_dir else run_dir / "checkpoints"
+        root = checkpoint_root(cfg.checkpoint_dir, run_dir)
+        own_checkpoint(root, run_dir.name)
         checkpoint = latest_complete(root)
         if checkpoint is None:
             incomplete = len(list_checkpoints(root))
             extra = f" ({incomplete} incomplete: interrupted mid-write)" if incomplete else ""
             raise ValueError(f"resume: no complete checkpoint under {root}{extra}; a run writes them with "
-                             "RunConfig(checkpoint_every=K)")
-        meta = _read_meta(checkpoint)
+                             "RunConfig(checkpoint_every=K), and when it finishes its steps")
+        meta = read_fingerprint(checkpoint)
         for key in ("model", "group_size"):
-            if meta.get("fingerprint", {}).get(key) != getattr(cfg, key):
+            if meta.get(key) != getattr(cfg, key):
                 raise ValueError(f"resume: the checkpoint of step {checkpoint.step} was written with {key}="
-                                 f"{meta.get('fingerprint', {}).get(key)!r}, this config has {key}={getattr(cfg, key)!r}")
+                                 f"{meta.get(key)!r}, this config has {key}={getattr(cfg, key)!r}")
+        _refuse_steps_at_or_below(cfg.steps, checkpoint.step)
         return cls(cfg, session=session, _resume=(run_dir, checkpoint))
 
     def history(self) -> RunHistory:
@@ -320,8 +344,10 @@ class FTRun:
         self.data_dir = str(Path(cfg.data_dir) if cfg.data_dir else ensure_tinydata())
         self.events.append(RunStarted(run_id=self.run_id, config={**cfg.to_dict(), "run_dir": str(self.run_dir)}))
         if self.resume_from is not None:
+            named = cfg.resume_from is not None and self.resume_source != self.run_id
             self.events.append(Resumed(step=self.resume_from.step, checkpoint=str(self.resume_from.path),
-                                       reason="FTRun.resume"))
+                                       reason=f"resume_from {cfg.resume_from}" if named else "FTRun.resume",
+                                       source_run=self.resume_source if named else None))
         try:
             if self._session is None:
                 from ..session import Session
@@ -361,12 +387,63 @@ class FTRun:
         except BaseException:
             self.stop(reason="failed to start")
             raise
+        if cfg.steps is not None:
+            self._unwatch_finish = self.events.subscribe(self._on_finished_group)
         sup.watch()
         if self.lighthouse is not None:
             threading.Thread(target=self._watch_lighthouse, name="ft-lighthouse-watch", daemon=True).start()
         if sup.spares is not None:
             sup.spares.fill()  # in the background, after the groups: they compete for the same cores
         return self
+
+    # ---- a finished run -----------------------------------------------------------------
+
+    def _on_finished_group(self, event: Event) -> None:
+        """Event observer (the emitting thread): once every group has reached ``steps``, the
+        run ends itself in a thread of its own."""
+        if not (isinstance(event, ReplicaState) and event.state == FINISHED) or self.stopped:
+            return
+        groups = list(self.groups)
+        if any(g.state not in (FINISHED, GAVE_UP, RETIRED) for g in groups) or not any(
+                g.state == FINISHED for g in groups):
+            return
+        if self._finishing.acquire(blocking=False):
+            threading.Thread(target=self._finish, name="ft-finish", daemon=True).start()
+
+    def _finish(self) -> None:
+        """Every group reached ``steps``: save the final state into the run's own checkpoint
+        folder (periodic checkpoints on or off, as torchtitan saves its last step), then let
+        the workers, spares and Lighthouse go. History, checkpoints and dashboard stay, and
+        ``FTRun.resume`` continues the run for more steps. If no group can save, the groups
+        stay up (their memory is the only copy) and ``run_finished`` carries the error."""
+        sup = self.supervisor
+        assert sup is not None
+        t0 = time.monotonic()
+        # (a group that finished while out, after its peers, had its processes stopped: no state)
+        finished = sorted((g for g in self.groups if g.state == FINISHED and g.actors is not None
+                           and g.name in self._session.meshes), key=lambda g: g.index)
+        checkpoint, step, digest, errors = None, max((g.step for g in finished), default=0), "", []
+        if self.config.checkpoint_every:  # a periodic save of the last step may still be writing
+            try:
+                sup.at_once(finished, lambda g: sup.call(g, "settle_saves", timeout=FINAL_SAVE_TIMEOUT_S), "ft-settle")
+            except Exception as exc:  # a group that cannot answer is skipped below as well
+                errors.append(f"settling periodic saves: {type(exc).__name__}: {exc}"[:300])
+        for g in finished:
+            try:
+                result = sup.call(g, "save_final", timeout=FINAL_SAVE_TIMEOUT_S)
+            except Exception as exc:
+                errors.append(f"replica {g.index}: {type(exc).__name__}: {exc}"[:300])
+                continue
+            if result.errors or result.missing:
+                errors.append(f"replica {g.index}: {next(iter(result.errors.values()), 'no answer')}"[:300])
+                continue
+            record = result.values[0]
+            step, checkpoint, digest = int(record["step"]), str(record["path"]), str(record.get("digest", ""))
+            break
+        self.events.append(RunFinished(step=step, checkpoint=checkpoint, seconds=time.monotonic() - t0, digest=digest,
+                                       error="; ".join(errors) if checkpoint is None else ""))
+        if checkpoint is not None and not self.stopped:
+            self.stop(reason="finished")
 
     def _trainer_args(self, g: ReplicaGroup | None, store_port: int | None) -> tuple:
         """TrainerActor's arguments for group ``g``, or for a warm spare (``g`` None: no replica
@@ -431,6 +508,9 @@ class FTRun:
         refused, naming the groups that are. ``corrupt`` needs ``heal_transport="striped"``.
         """
         refuse_corrupt_unless_striped(kind, self.config.heal_transport)
+        if at_step is not None and self.config.steps is not None and at_step > self.config.steps:
+            raise ValueError(f"at_step: {at_step} is past the run's last step (steps={self.config.steps}); it would "
+                             f"never fire; allowed: up to {self.config.steps}")
         return self.faults.inject(kind, replica, rank, at_step=at_step, after_s=after_s, hang_s=hang_s,
                                   during=during)
 
@@ -535,6 +615,8 @@ class FTRun:
             mark[0] = now
 
         self.stopped = True
+        if self._unwatch_finish is not None:
+            self._unwatch_finish()
         lifetime.cancel(self.stop)
         self.faults.stop_schedule()
         self._lighthouse_stop.set()
@@ -563,7 +645,7 @@ class FTRun:
                 if g.state not in (GAVE_UP, RETIRED):
                     self.supervisor.set_state(g, STOPPED)
             phase("groups")
-        abandoned = self._remove_torn_checkpoints() if self.config.checkpoint_every else []
+        abandoned = self._remove_torn_checkpoints()
         self.placement.close()
         if self.lighthouse is not None:
             self.lighthouse.stop()
@@ -573,7 +655,7 @@ class FTRun:
         self.events.append(RunStopped(run_id=self.run_id, reason=reason))
         self._draw_final_dashboard()
         phase("dashboard")
-        newest = latest_complete(self.checkpoint_dir) if self.config.checkpoint_every else None
+        newest = latest_complete(self.checkpoint_dir)  # this run's own folder (checkpoint_owner)
         if self._own_session and self._session is not None:
             try:
                 self._session.shutdown()  # closes self.events too (it was handed over)
@@ -630,22 +712,12 @@ class FTRun:
         return f"FTRun({self.run_id}: {states})"
 
 
-def _check_writable(path: Path) -> None:
-    """Checkpoints must be writable before the run starts, not discovered at the first save."""
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-        probe = path / f".write-test-{uuid.uuid4().hex[:8]}"
-        probe.write_text("ok")
-        probe.unlink()
-    except OSError as exc:
-        raise ValueError(f"checkpoint_dir: {path} is not writable ({exc.strerror or exc}); "
-                         "pick a directory you can write") from None
-
-
-def _read_meta(checkpoint: CheckpointInfo) -> dict[str, Any]:
-    import torch
-
-    return torch.load(checkpoint.path / META, weights_only=False)
+def _refuse_steps_at_or_below(steps: int | None, checkpoint_step: int) -> None:
+    """A resumed run trains on from its checkpoint: ``steps`` (the last step) must lie beyond it."""
+    if steps is not None and steps <= checkpoint_step:
+        raise ValueError(f"steps: the checkpoint is at step {checkpoint_step} and steps={steps} would train none; "
+                         f"pass steps > {checkpoint_step} (`--steps {checkpoint_step + 50}`), or None to train "
+                         "until stopped")
 
 
 def open_run(path: str | Path) -> RunHistory:

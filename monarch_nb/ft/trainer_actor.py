@@ -261,6 +261,22 @@ class TrainerActor(Actor):
         return {"step": self.trainer.current_step(), **self.trainer.hashes()}
 
     @endpoint
+    def settle_saves(self) -> bool:
+        """Wait for a periodic durable save still writing (before the final save, so that two
+        groups never write one step's directory at once)."""
+        if self.trainer.durable is not None:
+            self.trainer.durable.close(timeout=None)
+        return True
+
+    @endpoint
+    def save_final(self) -> dict[str, Any]:
+        """The run reached its last step: save this step's state as a durable checkpoint (every
+        rank of the saving group is called). Refused while the training loop still runs."""
+        if self._thread is not None and self._thread.is_alive():
+            raise RuntimeError(f"save_final: replica {self.replica} is still training (state {self._state})")
+        return self.trainer.save_final()
+
+    @endpoint
     def finish(self, timeout: float = 10.0, save_timeout: float | None = None) -> str:
         """End training after the current step; a durable save still writing gets
         ``save_timeout`` seconds to complete (None: as long as it takes), else it is abandoned

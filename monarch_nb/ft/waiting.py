@@ -9,10 +9,12 @@ from the same event stream and the one recovery model (:mod:`.recovery`):
   waiting for, so it waits for all of them (or for the one of ``replica``). With none under
   way it waits for the next rejoin recorded after the call. A group given up on, or the run
   stopping, ends the wait with an error instead of a timeout.
+* :func:`wait_for_spares` - every warm spare built and ready, so that the next failure is
+  taken by a spare and not by a cold respawn.
 * :func:`require_identical` - one identity check, and an error naming the ranks whose
   digests differ from their peers' when the replicas are not bit-identical.
 
-``%monarch wait`` and ``%monarch check`` are these calls.
+``%monarch wait`` (rejoin, spare) and ``%monarch check`` are these calls.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import time
 from collections import Counter
 from typing import Any
 
-from ..telemetry.events import Event, GaveUp, Rejoined, ReplicasIdentical, RunStopped
+from ..telemetry.events import Event, GaveUp, Rejoined, ReplicasIdentical, RunStopped, SpareState
 from .recovery import RecoveryTracker
 
 
@@ -111,6 +113,27 @@ def _progress(run: Any, want: set[int] | None, got: dict[int, Rejoined]) -> str:
         rec = tracker.open_for(r)
         parts.append(f"replica {r} {rec.status}" if rec is not None else f"replica {r} has not failed")
     return f" ({'; '.join(parts)})" if parts else ""
+
+
+def wait_for_spares(run: Any, timeout: float = 300.0) -> list[str]:
+    """Block until every warm spare of ``run`` is ready; returns their names. ``ValueError`` for
+    a run without spares, ``TimeoutError`` (naming the last events) when they are not ready in
+    ``timeout`` seconds."""
+    want = run.config.spares
+    if not want:
+        raise ValueError("this run has no warm spares; start it with `--spares K` (RunConfig(spares=K))")
+
+    def ready() -> list[str]:
+        return sorted(k for k, v in run.status().items()
+                      if isinstance(k, str) and k.startswith("spare") and v.get("state") == "ready")
+
+    t0 = time.time()
+    if len(ready()) < want:  # a spare that became ready already has its event: wait_for sees past ones too
+        run.events.wait_for(lambda e: (isinstance(e, SpareState) and len(ready()) >= want)
+                            or (isinstance(e, RunStopped) and e.t >= t0), timeout, what=f"{want} warm spare(s) ready")
+    if run.stopped:
+        raise ValueError(f"run {run.run_id} stopped before its spares were ready")
+    return ready()
 
 
 def describe_rejoin(e: Rejoined) -> str:

@@ -18,14 +18,15 @@ from typing import Any
 from IPython.core.error import UsageError
 
 from ..errors import Interrupted
-from ..ft.config import RECOVERIES
+from ..ft.config import MODELS, RECOVERIES
 from ..ft.faults import CLUSTER_KINDS, FaultKind
 from .args import non_negative_int, positive_float, positive_int
 from .progress import Line, Progress
 
 FAULT_KINDS = tuple(k.value for k in FaultKind)
 WAIT_USAGE = ("usage: %monarch wait rejoin [--replica R] [--timeout S]\n"
-              "       %monarch wait step N [--replica R] [--timeout S]")
+              "       %monarch wait step N [--replica R] [--timeout S]\n"
+              "       %monarch wait spare [--timeout S]")
 REJOIN_TIMEOUT_S = 300.0  # a recovery here takes ~5-20 s; on SLURM a new allocation can pend for minutes
 STEP_TIMEOUT_S = 300.0
 CHECK_TIMEOUT_S = 60.0
@@ -44,8 +45,9 @@ def add_training_commands(sub: Any) -> None:
     train.add_argument("--seq-len", type=positive_int, default=None)
     train.add_argument("--batch-size", type=positive_int, default=None)
     train.add_argument("--lr", type=positive_float, default=None)
-    train.add_argument("--model", default=None,
-                       help="Llama 3 flavor: debugmodel (default, 6.2M), small (~104M), medium (~409M), 1B, ...")
+    train.add_argument("--model", default=None, metavar="FLAVOUR",
+                       help=f"Llama 3 flavour: {', '.join(MODELS)} (default debugmodel, 6.2M parameters; tiny, "
+                            "~0.4M, for many groups on a small machine)")
     train.add_argument("--job", default=None, choices=["local", "process", "slurm"],
                        help="local procs, each group on its own ProcessJob host, or on its own SLURM allocation")
     train.add_argument("--slurm", action="store_true", help="same as --job slurm")
@@ -65,6 +67,9 @@ def add_training_commands(sub: Any) -> None:
                             "plain_restart: the same without torchft (one process group, as torchrun runs it)")
     train.add_argument("--resume", default=None, metavar="RUN_DIR",
                        help="continue a run from its newest durable checkpoint (same run id and event log)")
+    train.add_argument("--resume-from", default=None, metavar="PATH",
+                       help="start a NEW run from another run's checkpoint (a step-N directory or a checkpoint "
+                            "folder): its weights, optimizer state and step; the model must match")
     train.add_argument("--no-wait", action="store_true", help="return before the first step is committed")
 
     inject = sub.add_parser("inject", help="inject a fault into one replica group (run.inject)")
@@ -90,7 +95,7 @@ def add_training_commands(sub: Any) -> None:
 
     wait = sub.add_parser("wait", help="block until a group rejoins or step N is committed "
                                        "(waiting.wait_for_rejoin / run.wait_for_step)")
-    targets = wait.add_subparsers(dest="target", metavar="{rejoin,step}", required=True)
+    targets = wait.add_subparsers(dest="target", metavar="{rejoin,step,spare}", required=True)
     rejoin = targets.add_parser(
         "rejoin", help="until the recoveries under way (or, with none, the next one) are back",
         description="Block until replica groups rejoin (monarch_nb.ft.waiting.wait_for_rejoin). Recoveries "
@@ -109,6 +114,12 @@ def add_training_commands(sub: Any) -> None:
                       help="only this replica group")
     step.add_argument("--timeout", type=positive_float, default=STEP_TIMEOUT_S, metavar="S",
                       help=f"give up after S seconds (default {STEP_TIMEOUT_S:g})")
+
+    spare = targets.add_parser("spare", help="until every warm spare of the run is built and ready",
+                               description="Block until every warm spare (--spares K) is ready to take a failed "
+                                           "group's place (waiting.wait_for_spares).")
+    spare.add_argument("--timeout", type=positive_float, default=REJOIN_TIMEOUT_S, metavar="S",
+                       help=f"give up after S seconds (default {REJOIN_TIMEOUT_S:g})")
 
     check = sub.add_parser("check", help="prove the replicas bit-identical at a common step "
                                          "(waiting.require_identical / run.check_identical)")
@@ -130,8 +141,13 @@ class TrainingCommands:
         self.run: Any = None
 
     def current(self) -> Any:
-        if self.run is None or self.run.stopped:
+        if self.run is None:
             raise UsageError("no fault-tolerant run is active; start one with `%monarch train`")
+        if self.run.stopped:
+            run = self.run
+            raise UsageError(f"run {run.run_id} has stopped ({stopped_how(run)}); its history stays: "
+                             f"monarch_nb.open_run({str(run.run_dir)!r}). Start another with `%monarch train`, or "
+                             f"continue this one with `%monarch train --resume {run.run_dir} --steps N`")
         return self.run
 
     def train(self, args: argparse.Namespace, session: Any, shell: Any) -> Any:
@@ -147,11 +163,14 @@ class TrainingCommands:
                   "run_name": args.name,
                   "partition": args.partition, "time_limit": args.time_limit, "spares": args.spares,
                   "checkpoint_every": args.checkpoint_every, "checkpoint_dir": args.checkpoint_dir,
-                  "recovery": args.recovery}
+                  "recovery": args.recovery, "resume_from": args.resume_from}
         overrides = {k: v for k, v in fields.items() if v is not None}
         if args.resume:
             if args.config:
                 raise UsageError("--resume continues a run with its own config; drop --config")
+            if args.resume_from:
+                raise UsageError("--resume continues a run from its own checkpoints; --resume-from starts a new run "
+                                 "from another run's checkpoint: give one of them")
             try:
                 run = FTRun.resume(args.resume, session=session, **overrides)
             except (ValueError, TypeError) as exc:
@@ -169,7 +188,11 @@ class TrainingCommands:
             run = FTRun(config, session=session)
         except ValueError as exc:
             raise UsageError(str(exc)) from None
-        return self._started(run, args, shell, f" from {args.config}" if args.config else "")
+        how = f" from {args.config}" if args.config else ""
+        if run.resume_from is not None:
+            source = f"run {run.resume_source}'s" if run.resume_source else "the"
+            how += f", starting from {source} checkpoint of step {run.resume_from.step}"
+        return self._started(run, args, shell, how)
 
     def _started(self, run: Any, args: argparse.Namespace, shell: Any, how: str) -> Any:
         config = run.config
@@ -186,6 +209,9 @@ class TrainingCommands:
             raise
         if shell is not None:
             shell.user_ns["run"] = run
+        from .notices import watch_run
+
+        watch_run(run)
         if not args.no_wait:
             first = run.resume_from.step + 1 if run.resume_from is not None else 1
             try:
@@ -203,7 +229,7 @@ class TrainingCommands:
         try:
             run.inject(args.kind, replica=args.replica, rank=args.rank, at_step=args.at_step,
                        after_s=args.after, hang_s=args.hang_seconds)
-        except ValueError as exc:
+        except (ValueError, RuntimeError) as exc:  # RuntimeError: the target is not training now
             raise UsageError(str(exc)) from None
         when = f" at step {args.at_step}" if args.at_step is not None else (
             f" after {args.after:g} s" if args.after else "")
@@ -218,8 +244,11 @@ class TrainingCommands:
         bad = [k for k in kinds if k not in FAULT_KINDS]
         if bad or not kinds:
             raise UsageError(f"--kinds: unknown fault kind(s) {bad}; allowed: {', '.join(FAULT_KINDS)}")
-        run.schedule(args.every, kinds=kinds, seed=args.seed, max_faults=args.max_faults, at_once=args.at_once,
-                     keep=args.keep)
+        try:
+            run.schedule(args.every, kinds=kinds, seed=args.seed, max_faults=args.max_faults, at_once=args.at_once,
+                         keep=args.keep)
+        except ValueError as exc:  # e.g. more groups at once than the run has
+            raise UsageError(f"schedule: {exc}") from None
         wave = f" into {args.at_once} groups at once" if args.at_once > 1 else ""
         wave += f", leaving at least {args.keep} training" if args.keep > 1 else ""
         print(f"injecting {'/'.join(kinds)} every {args.every:g} s{wave}")
@@ -238,6 +267,16 @@ class TrainingCommands:
         from ..ft.waiting import describe_rejoin, wait_for_rejoin
 
         run = self.current()
+        if args.target == "spare":
+            from ..ft.waiting import wait_for_spares
+
+            try:
+                with Progress(lambda: spares_line(run)):
+                    ready = wait_for_spares(run, timeout=args.timeout)
+            except (ValueError, TimeoutError) as exc:
+                raise UsageError(f"wait spare: {exc}") from None
+            print(f"warm spare(s) ready: {', '.join(ready)}")
+            return
         if args.replica is not None:
             active = sorted(g.index for g in run.groups.active())
             if args.replica not in active:
@@ -300,7 +339,9 @@ class TrainingCommands:
         print(f"{report}; reopen it with monarch_nb.open_run({str(run.run_dir)!r})")
 
     def dashboard(self) -> Any:
-        return self.current().dashboard()
+        """The run's dashboard; a finished or stopped run's too (drawn from its events)."""
+        run = self.run if self.run is not None and self.run.stopped else self.current()
+        return run.dashboard()
 
 
 def groups_line(run: Any, what: str) -> Line:
@@ -310,6 +351,24 @@ def groups_line(run: Any, what: str) -> Line:
     training = [k for k, v in status.items() if v.get("state") == "training"]
     others = ", ".join(f"replica{k} {v.get('state')}" for k, v in sorted(status.items()) if k not in training)
     return Line(len(training), len(status), what + (f"; {others}" if others else ""))
+
+
+def spares_line(run: Any) -> Line:
+    """Progress of a wait for the warm spares: how many are ready."""
+    spares = {k: v for k, v in run.status().items() if isinstance(k, str) and k.startswith("spare")}
+    ready = [k for k, v in spares.items() if v.get("state") == "ready"]
+    return Line(len(ready), run.config.spares, "warm spares ready" + (
+        f"; {', '.join(k for k in spares if k not in ready)} building" if len(ready) < len(spares) else ""))
+
+
+def stopped_how(run: Any) -> str:
+    """How a stopped run ended, in a few words: finished (and where its final state is), or stopped."""
+    from ..telemetry.events import RunFinished
+
+    finished = [e for e in run.events.recent(RunFinished) if e.checkpoint]
+    if finished:
+        return f"it finished at step {finished[-1].step}, final checkpoint {finished[-1].checkpoint}"
+    return "stopped"
 
 
 def step_line(run: Any, step: int, replicas: list[int] | None = None) -> Line:

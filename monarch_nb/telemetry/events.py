@@ -147,6 +147,7 @@ class CheckpointLoaded(Event):
     step: int
     path: str
     seconds: float
+    digest: str = ""  # rank 0's parameters right after the load (compare with the save's)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -162,6 +163,8 @@ class CheckpointSaved(Event):
     seconds: float
     stall: float
     path: str
+    final: bool = False  # the run's last step, written when every group had finished
+    digest: str = ""  # (final saves) rank 0's parameters as saved
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -217,6 +220,21 @@ class Resumed(Event):
     step: int
     checkpoint: str
     reason: str
+    source_run: str | None = None  # the run that wrote the checkpoint, when it is another run (resume_from)
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunFinished(Event):
+    """Every group reached the run's last step: its state is saved as a durable checkpoint in the
+    run's own folder (``checkpoint``; None when no group could save it, with ``error``) and the
+    run lets its workers and Lighthouse go (a ``run_stopped`` with reason "finished" follows)."""
+
+    kind: ClassVar[str] = "run_finished"
+    step: int
+    checkpoint: str | None
+    seconds: float  # the final save
+    digest: str = ""  # the saved parameters (rank 0's), as a resume's checkpoint_loaded reports them
+    error: str = ""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -340,6 +358,19 @@ class FaultInjected(Event):
     replica: int
     rank: int
     step: int | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class FaultSkipped(Event):
+    """A scheduled wave fired fewer faults than asked (``wanted``), or none: too few groups were
+    training to leave ``keep`` standing. ``reason`` says so in words."""
+
+    kind: ClassVar[str] = "fault_skipped"
+    wanted: int
+    fired: int
+    training: int
+    keep: int
+    reason: str
 
 
 @dataclass(frozen=True, kw_only=True)
