@@ -12,6 +12,7 @@ mapping of its sections and keys); ``help(RunConfig)`` documents every field.
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 import typing
 from dataclasses import dataclass, field
@@ -30,6 +31,14 @@ MODELS = FLAVOR_NAMES
 JOBS = ("local", "process", "slurm", "kubernetes")
 MAX_GROUPS = 64  # replica groups + spares of one run; beyond it, a typo is likelier than a plan
 HEAL_TRANSPORTS = ("striped", "http", "pg")
+
+
+def finite(value: int | float) -> bool:
+    """A number a float can hold and that is not NaN or infinite (a 400-digit int is not)."""
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
 
 
 def is_loopback(host: str) -> bool:
@@ -269,8 +278,8 @@ class RunConfig:
 
         def need_pos(name: str) -> None:
             v = getattr(self, name)
-            if not isinstance(v, (int, float)) or isinstance(v, bool) or v <= 0:
-                raise ValueError(f"{name}: must be a number > 0, got {v!r}")
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or not finite(v) or v <= 0:
+                raise ValueError(f"{name}: must be a finite number > 0, got {v!r}")
 
         need_int("replicas", 1)
         need_int("spares", 0)
@@ -286,8 +295,10 @@ class RunConfig:
             raise ValueError(f"job: unknown value {self.job!r}; allowed values: {', '.join(JOBS)}")
         if self.job == "slurm":
             self.slurm_spec()
-        elif self.partition is not None or self.time_limit is not None:
-            raise ValueError(f"partition: only for job='slurm' (this run has job={self.job!r})")
+        else:
+            for name in ("partition", "time_limit"):
+                if getattr(self, name) is not None:
+                    raise ValueError(f"{name}: only for job='slurm' (this run has job={self.job!r})")
         if self.steps is not None:
             need_int("steps", 1)
         need_int("seq_len", 8)
@@ -352,8 +363,14 @@ class RunConfig:
         """What each group's SLURM allocation asks for (job="slurm")."""
         from ..jobs.slurm import SlurmSpec
 
-        return SlurmSpec(partition=self.partition, time_limit=self.time_limit,
-                         start_timeout_s=self.allocation_timeout_s).validate()
+        try:
+            return SlurmSpec(partition=self.partition, time_limit=self.time_limit,
+                             start_timeout_s=self.allocation_timeout_s).validate()
+        except ValueError as exc:  # the spec's own name for the field is not ours
+            message = str(exc)
+            if message.startswith("start_timeout_s:"):
+                message = "allocation_timeout_s:" + message[len("start_timeout_s:"):]
+            raise ValueError(message) from None
 
     def replace(self, **changes: Any) -> "RunConfig":
         return dataclasses.replace(self, **changes)
@@ -374,6 +391,10 @@ class RunConfig:
         if unknown:
             raise ValueError(f"{unknown[0]}: unknown config field; allowed fields: {', '.join(sorted(known))}")
         if isinstance(data.get("respawn"), dict):
+            allowed = {f.name for f in dataclasses.fields(RespawnPolicy)}
+            extra = sorted(set(data["respawn"]) - allowed, key=str)
+            if extra:
+                raise ValueError(f"respawn.{extra[0]}: unknown key; allowed keys: {', '.join(sorted(allowed))}")
             data["respawn"] = RespawnPolicy(**data["respawn"])
         return cls(**data)
 
@@ -434,7 +455,9 @@ def _name_the_file_key(message: str, origins: dict[str, str], overridden: set[st
     when the file set that field (and no override replaced it)."""
     head, sep, rest = message.partition(":")
     root = head.split(".", 1)[0]
-    if not sep or root not in origins or root in overridden:
+    if not sep or root in overridden:
         return message
+    if root not in origins:  # a rule between two fields, named by the one the file did not set
+        return f"{message} ({path})"
     where = origins[root] + head[len(root):]
     return f"{where}:{rest} (RunConfig.{head}; {path})"

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import reprlib
 import tomllib
 import types
 import typing
@@ -156,6 +157,13 @@ def read_job_file(path: str | Path, field_types: dict[str, Any]) -> tuple[dict[s
             data = tomllib.load(f)
     except tomllib.TOMLDecodeError as exc:
         raise ValueError(f"{path}: not valid TOML: {exc}") from None
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{path}: not a TOML job file: byte {exc.start} is not UTF-8 text; "
+                         f"give the path of a TOML job file, e.g. examples/llama3_debug_ft.toml") from None
+    except ValueError as exc:  # e.g. an integer of more than 4300 digits
+        raise ValueError(f"{path}: not valid TOML: {exc}") from None
+    except RecursionError:
+        raise ValueError(f"{path}: not valid TOML: arrays or tables nested too deeply to read") from None
     out = _Values(str(path))
     supported = ", ".join(f"[{s}]" for s in (*SECTIONS, OWN_SECTION))
     for section, table in data.items():
@@ -186,7 +194,11 @@ def _read_torchtitan(section: str, table: dict[str, Any], out: _Values) -> None:
             raise ValueError(f"{where}: {problem} ({out.path})")
         seen[name] = value
         if key.field is not None:
-            converted = key.convert(value) if key.convert else value
+            try:
+                converted = key.convert(value) if key.convert else value
+            except OverflowError:
+                raise ValueError(f"{where}: an integer of {len(str(abs(value)))} digits is too large; "
+                                 f"give a realistic value ({out.path})") from None
             if converted is not SKIP:
                 out.set(key.field, converted, where)
     if section == "checkpoint":
@@ -222,8 +234,14 @@ _TOML_TYPE = {bool: "true/false", int: "an integer", float: "a number", str: "a 
               dict: "a table", datetime.datetime: "a date-time", datetime.date: "a date", datetime.time: "a time"}
 
 
+# A value as an error message shows it: short, and never the whole of a huge or deeply nested one.
+_SHORT = reprlib.Repr()
+_SHORT.maxstring = _SHORT.maxother = 80
+_SHORT.maxlevel = 3
+
+
 def _got(value: Any) -> str:
-    return f"{value!r} ({_TOML_TYPE.get(type(value), type(value).__name__)})"
+    return f"{_SHORT.repr(value)} ({_TOML_TYPE.get(type(value), type(value).__name__)})"
 
 
 def _coerce(where: str, value: Any, tp: Any, path: str) -> Any:
@@ -242,7 +260,11 @@ def _coerce(where: str, value: Any, tp: Any, path: str) -> Any:
         raise ValueError(f"{where}: expected an integer, got {_got(value)} ({path})")
     if tp is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
+            try:
+                return float(value)
+            except OverflowError:
+                raise ValueError(f"{where}: an integer of {len(str(abs(value)))} digits is too large for a number "
+                                 f"({path})") from None
         raise ValueError(f"{where}: expected a number, got {_got(value)} ({path})")
     if tp is str:
         if isinstance(value, str):

@@ -313,9 +313,10 @@ class RecoveryTracker:
         """Monarch's report of how a process died, arriving after our own pid check acted on it,
         becomes the reason of that recovery when the pid check only knew that the process is
         gone (it could read neither the exit status nor a fault it fired)."""
-        if not e.mesh.startswith("replica") or not e.mesh[len("replica"):].isdigit():
+        digits = e.mesh[len("replica"):]
+        if not e.mesh.startswith("replica") or not (digits.isascii() and digits.isdigit()):  # not "replica²"
             return None
-        replica = int(e.mesh[len("replica"):])
+        replica = int(digits)
         rec = next((r for r in reversed(self.recoveries) if r.replica == replica), None)
         if rec is None or rec.detected_by != "pid" or rec.detected_t is None or e.t - rec.detected_t > 60:
             return None

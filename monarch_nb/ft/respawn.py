@@ -13,6 +13,7 @@ run survives any number of failures spread over time (failures are routine at sc
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 
@@ -32,8 +33,13 @@ class RespawnPolicy:
     max_backoff_s: float = 30.0
 
     def validate(self) -> None:
-        if not isinstance(self.max_respawns, int) or self.max_respawns < 0:
+        if not isinstance(self.max_respawns, int) or isinstance(self.max_respawns, bool) or self.max_respawns < 0:
             raise ValueError(f"respawn.max_respawns: must be an integer >= 0, got {self.max_respawns!r}")
+        for name in ("backoff_s", "backoff_factor", "max_backoff_s"):
+            value = getattr(self, name)
+            if (not isinstance(value, (int, float)) or isinstance(value, bool)
+                    or isinstance(value, float) and not math.isfinite(value)):
+                raise ValueError(f"respawn.{name}: must be a finite number, got {value!r}")
         if self.backoff_s < 0:
             raise ValueError(f"respawn.backoff_s: must be >= 0 seconds, got {self.backoff_s!r}")
         if self.backoff_factor < 1:

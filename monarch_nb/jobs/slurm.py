@@ -17,6 +17,7 @@ named after its node, so ``tcp://nK:port`` is distinct per node).
 from __future__ import annotations
 
 import logging
+import math
 import random
 import re
 import shlex
@@ -43,6 +44,13 @@ class SlurmError(MonarchNbError):
 
 
 DEFAULT_TIME_LIMIT = "24:00:00"
+
+
+def _finite(value: float) -> bool:
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an int too large for a float
+        return False
 
 
 @dataclass(frozen=True)
@@ -72,10 +80,11 @@ class SlurmSpec:
     def validate(self) -> "SlurmSpec":
         if self.partition is not None and (not isinstance(self.partition, str) or not self.partition.strip()):
             raise ValueError(f"partition: must be a partition name, got {self.partition!r}")
-        if self.time_limit is not None and not _valid_time(self.time_limit):
+        if self.time_limit is not None and (not isinstance(self.time_limit, str) or not _valid_time(self.time_limit)):
             raise ValueError(f"time_limit: {self.time_limit!r} is not a SLURM time; use MM, HH:MM:SS or D-HH:MM:SS")
-        if not isinstance(self.start_timeout_s, (int, float)) or self.start_timeout_s <= 0:
-            raise ValueError(f"start_timeout_s: must be > 0 seconds, got {self.start_timeout_s!r}")
+        if not isinstance(self.start_timeout_s, (int, float)) or isinstance(self.start_timeout_s, bool) \
+                or not _finite(self.start_timeout_s) or self.start_timeout_s <= 0:
+            raise ValueError(f"start_timeout_s: must be a finite number > 0 seconds, got {self.start_timeout_s!r}")
         if self.cpus_per_task is not None and (not isinstance(self.cpus_per_task, int) or self.cpus_per_task < 1):
             raise ValueError(f"cpus_per_task: must be an integer >= 1, got {self.cpus_per_task!r}")
         bad = [a for a in self.slurm_args if not str(a).startswith("--")]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import shlex
 from typing import Any, NoReturn
 
@@ -87,14 +88,23 @@ def non_negative_int(text: str) -> int:
     return value
 
 
-def positive_float(text: str) -> float:
+def positive_number(text: str, unit: str = "") -> float:
+    """A finite number > 0 (``unit``, e.g. " of seconds", names what it counts in errors)."""
+    what = f"a positive number{unit}"
     try:
         value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}") from None
+        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+    if not math.isfinite(value):  # NaN passes every comparison; inf never ends a wait
+        raise argparse.ArgumentTypeError(f"expected {what}, got {value}; give a finite one")
     if value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {value}")
+        raise argparse.ArgumentTypeError(f"expected {what}, got {value}")
     return value
+
+
+def positive_float(text: str) -> float:
+    """Seconds: a finite number > 0."""
+    return positive_number(text, " of seconds")
 
 
 def key_value(text: str) -> tuple[str, str]:

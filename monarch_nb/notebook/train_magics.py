@@ -20,7 +20,7 @@ from IPython.core.error import UsageError
 from ..errors import Interrupted
 from ..ft.config import MODELS, RECOVERIES
 from ..ft.faults import CLUSTER_KINDS, FaultKind
-from .args import non_negative_int, positive_float, positive_int
+from .args import non_negative_int, positive_float, positive_int, positive_number
 from .progress import Line, Progress
 
 FAULT_KINDS = tuple(k.value for k in FaultKind)
@@ -44,7 +44,7 @@ def add_training_commands(sub: Any) -> None:
     train.add_argument("--steps", type=positive_int, default=None, help="stop after N steps (default: until stopped)")
     train.add_argument("--seq-len", type=positive_int, default=None)
     train.add_argument("--batch-size", type=positive_int, default=None)
-    train.add_argument("--lr", type=positive_float, default=None)
+    train.add_argument("--lr", type=positive_number, default=None, help="peak learning rate (default 8e-4)")
     train.add_argument("--model", default=None, metavar="FLAVOUR",
                        help=f"Llama 3 flavour: {', '.join(MODELS)} (default debugmodel, 6.2M parameters; tiny, "
                             "~0.4M, for many groups on a small machine)")

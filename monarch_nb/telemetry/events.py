@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import sys
 import time
 import types
 import typing
@@ -509,7 +510,7 @@ def event_from_dict(data: Any) -> Event:
     t = data.get("t")
     if t is None:
         raise ValueError(f"{kind}: no 't'")
-    if not _is_number(t) or not math.isfinite(t):
+    if not _is_number(t) or not _fits_a_float(t) or not math.isfinite(t):
         raise ValueError(f"{kind}: 't' is {_short(t)}, not a time in seconds")
     cls = _KINDS.get(kind)
     if cls is None:
@@ -566,7 +567,13 @@ def _accepts(accepted: tuple[type, ...], value: Any) -> bool:
     # JSON true/false are Python bools, which are ints: a number field must not take them.
     if type(value) is bool:
         return bool in accepted
+    if float in accepted and isinstance(value, int) and not _fits_a_float(value):
+        return False  # a 400-digit "seconds" would overflow every sum and mean over it
     return isinstance(value, accepted)
+
+
+def _fits_a_float(value: int | float) -> bool:
+    return not isinstance(value, int) or abs(value) <= sys.float_info.max
 
 
 def _is_number(value: Any) -> bool:

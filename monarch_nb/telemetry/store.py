@@ -78,13 +78,16 @@ class EventStore:
 
         Lines that are no event (binary bytes, broken JSON, a torn last line, a known kind with
         missing or mistyped fields) are skipped and counted in ``skipped_lines`` / ``skipped``.
-        Raises ``NotAnEventLog`` when the file has text but not a single event.
+        Raises ``NotAnEventLog`` when the file has text but not a single event (or is a directory).
         """
         path = Path(path)
         if path.is_dir():
             path = path / "events.jsonl"
         if not path.exists():
             raise FileNotFoundError(f"no event log at {path} (expected a run directory or events.jsonl)")
+        if path.is_dir():
+            raise NotAnEventLog(f"{path} is a directory, not an event log ({EVENT_LOG_FORMAT}); give a run "
+                                "directory or its events.jsonl")
         store = cls(None)
         store.path = path
         store.reopened = not follow
