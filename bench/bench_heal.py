@@ -20,7 +20,7 @@ and heals while the survivors hold their step (they wait for it in the step's al
                   process group, so it is measured as a heal in a run too
 The heal runs use ``join_timeout_ms=10000``: with the default (1 s, stretched by processes per
 core) a victim that asks for its quorum more than that before the survivors finish their step
-gets a quorum with the first survivor only, and the others are not donors (see README,
+gets a quorum with the first survivor only, and the others are not donors (see RESULTS.md,
 "left out"); this benchmark measures the transfer, so every survivor is in the victim's quorum.
 GB/s of a heal is the state's bytes over what the victim spent receiving and loading them.
 ``donor_extra_rss_gb``: a donor's largest RSS during the heal minus its largest over the two

@@ -1,7 +1,9 @@
-"""README.md's generated blocks, from the JSON the benchmarks write; a hand edit fails --check.
+"""RESULTS.md's generated blocks, from the JSON the benchmarks write; a hand edit fails --check.
 
-A block sits between ``<!-- NAME: ... -->`` and ``<!-- /NAME -->`` in README.md; this script
-writes what goes between them. Blocks:
+RESULTS.md is the lab book (README.md, the guide, quotes a few of its figures and links to it). A
+block sits between ``<!-- NAME: written by bench/readme_tables.py from bench/results/X.json -->``
+and ``<!-- /NAME -->`` in RESULTS.md; this script writes what goes between them, so every table
+there is what the JSON says. Blocks:
 
   seed_clusters   the seed's clusters, from bench/results/seed_clusters.json
                   (bench/seed_clusters.py writes it from bench/bench_scale_model.py's failures)
@@ -18,8 +20,9 @@ writes what goes between them. Blocks:
                   bench/results/goodput.json (bench/bench_goodput.py --quick --groups 3,8)
 
 Usage: python bench/readme_tables.py            print the blocks
-       python bench/readme_tables.py --check    exit 1, with a diff, if README.md differs
-       python bench/readme_tables.py --write    rewrite the blocks in README.md
+       python bench/readme_tables.py --check    exit 1, with a diff, if RESULTS.md differs
+       python bench/readme_tables.py --write    rewrite the blocks in RESULTS.md
+       --results PATH                           another file than RESULTS.md (--readme PATH: the same)
 """
 
 from __future__ import annotations
@@ -67,7 +70,7 @@ def seed_table(result: dict[str, Any]) -> str:
 
 
 def seed_block(result: dict[str, Any]) -> str:
-    """The README's seed-cluster paragraph: what was measured, what was assumed, the table."""
+    """The seed-cluster paragraph of RESULTS.md: what was measured, what was assumed, the table."""
     c0 = result["clusters"][0]
     a = {k: v["value"] for k, v in c0["assumptions"].items()}
     d = c0["derived"]
@@ -421,36 +424,38 @@ def _pattern(name: str) -> re.Pattern[str]:
     return re.compile(rf"(<!-- {name}:[^\n]*-->\n)(.*?)(\n<!-- /{name} -->)", re.S)
 
 
-def replace(readme: str, generated: dict[str, str]) -> str:
+def replace(document: str, generated: dict[str, str], name_of: str = "RESULTS.md") -> str:
+    """``document`` with every generated block's body replaced; a block it lacks is an error."""
     for name, text in generated.items():
         pattern = _pattern(name)
-        if not pattern.search(readme):
-            raise SystemExit(f"README.md has no <!-- {name}: ... --> ... <!-- /{name} --> block")
-        readme = pattern.sub(lambda m, t=text: m.group(1) + t + m.group(3), readme)
-    return readme
+        if not pattern.search(document):
+            raise SystemExit(f"{name_of} has no <!-- {name}: ... --> ... <!-- /{name} --> block")
+        document = pattern.sub(lambda m, t=text: m.group(1) + t + m.group(3), document)
+    return document
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--readme", default=str(REPO / "README.md"))
+    p.add_argument("--results", "--readme", dest="results", default=str(REPO / "RESULTS.md"), metavar="PATH",
+                   help="the file whose blocks to check or write (default RESULTS.md)")
     group = p.add_mutually_exclusive_group()
-    group.add_argument("--check", action="store_true")
-    group.add_argument("--write", action="store_true")
+    group.add_argument("--check", action="store_true", help="exit 1, with a diff, if the file's blocks differ")
+    group.add_argument("--write", action="store_true", help="rewrite the file's blocks")
     a = p.parse_args(argv)
     generated = blocks()
     if not (a.check or a.write):
         print("\n\n".join(generated.values()))
         return 0
-    readme_path = Path(a.readme)
-    readme = readme_path.read_text()
-    wanted = replace(readme, generated)
+    path = Path(a.results)
+    document = path.read_text()
+    wanted = replace(document, generated, path.name)
     if a.write:
-        readme_path.write_text(wanted)
+        path.write_text(wanted)
         return 0
-    if wanted != readme:
-        sys.stdout.writelines(difflib.unified_diff(readme.splitlines(True), wanted.splitlines(True),
-                                                   "README.md", "README.md as bench/readme_tables.py writes it"))
-        print("\nREADME.md differs from its generated blocks: run python bench/readme_tables.py --write")
+    if wanted != document:
+        sys.stdout.writelines(difflib.unified_diff(document.splitlines(True), wanted.splitlines(True),
+                                                   path.name, f"{path.name} as bench/readme_tables.py writes it"))
+        print(f"\n{path.name} differs from its generated blocks: run python bench/readme_tables.py --write")
         return 1
     return 0
 

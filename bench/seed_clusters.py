@@ -6,7 +6,7 @@ fit, everything else is a named assumption. ``--scale`` (bench_scale.py's per-R 
 there are some) measures the survivors' stall against the number of groups; where it holds two
 or more group counts it replaces the fit's stall, and the JSON says so. Writes, per cluster,
 every assumption with its value and source, the cost of one failure both ways, and the goodput;
-prints the README's table rows (bench/readme_tables.py puts them in README.md).
+prints the table rows of RESULTS.md (bench/readme_tables.py puts them there).
 
 ``--parts`` (bench_cost_parts.py's JSON) replaces the fit's fixed parts with one group's recovery
 and restart measured alone, adds the rendezvous of R groups to a restart and the per-step quorum

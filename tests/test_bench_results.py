@@ -1,5 +1,6 @@
-"""The README's generated figures and the JSON they come from are what the scripts write: a hand
-edit of either fails here. Pure Python, no run."""
+"""RESULTS.md's generated figures and the JSON they come from are what the scripts write: a hand
+edit of either fails here; README.md stays a short guide that links to RESULTS.md. Pure Python, no
+run."""
 
 from __future__ import annotations
 
@@ -12,18 +13,26 @@ from bench_scripts import load_bench
 REPO = Path(__file__).resolve().parent.parent
 
 
-def test_readme_blocks_are_what_readme_tables_writes(capsys):
-    rc = load_bench("readme_tables").main(["--check", "--readme", str(REPO / "README.md")])
+def test_results_blocks_are_what_readme_tables_writes(capsys):
+    rc = load_bench("readme_tables").main(["--check", "--results", str(REPO / "RESULTS.md")])
     assert rc == 0, capsys.readouterr().out
+    assert load_bench("readme_tables").main(["--check"]) == 0  # RESULTS.md is the default
 
 
-def test_readme_check_fails_on_a_hand_edit(tmp_path, capsys):
-    readme = (REPO / "README.md").read_text()
-    edited = tmp_path / "README.md"
-    edited.write_text(readme.replace("| 16 nodes x 8 MI300, fault / 180 s | ", "| 16 nodes x 8 MI300, fault / 180 s | 1", 1))
-    assert edited.read_text() != readme
-    assert load_bench("readme_tables").main(["--check", "--readme", str(edited)]) == 1
+def test_results_check_fails_on_a_hand_edit(tmp_path, capsys):
+    results = (REPO / "RESULTS.md").read_text()
+    edited = tmp_path / "RESULTS.md"
+    edited.write_text(results.replace("| 16 nodes x 8 MI300, fault / 180 s | ", "| 16 nodes x 8 MI300, fault / 180 s | 1", 1))
+    assert edited.read_text() != results
+    assert load_bench("readme_tables").main(["--check", "--results", str(edited)]) == 1
     assert "bench/readme_tables.py --write" in capsys.readouterr().out
+
+
+def test_readme_is_a_short_guide_that_links_to_the_lab_book():
+    readme = (REPO / "README.md").read_text()
+    assert len(readme.splitlines()) < 600, "README.md is the guide: measurements and their prose go to RESULTS.md"
+    assert "](RESULTS.md" in readme
+    assert "<!-- /" not in readme, "generated blocks live in RESULTS.md"
 
 
 def test_seed_clusters_json_is_what_seed_clusters_py_computes_from_the_measured_failures():

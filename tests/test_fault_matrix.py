@@ -190,7 +190,7 @@ def test_a_lost_lighthouse_is_restarted_and_no_group_restarts_or_floods_the_log(
     finally:
         run.stop()
     took = time.monotonic() - t0
-    # a stop is bounded (measured 1-4 s, see README); 30 s is >= 7x that
+    # a stop is bounded (measured 1-4 s); 30 s is >= 7x that
     assert took < 30, f"stop took {took:.1f} s with the Lighthouse restarted"
     assert "Lighthouse" in failed.reason and "killed by signal 9" in failed.reason
     assert restarted.address == failed.address  # the same address: Managers find it again
@@ -240,7 +240,7 @@ def test_stop_is_bounded_in_every_state(tmp_path, state):
         t0 = time.monotonic()
         run.stop()
         took = time.monotonic() - t0
-    # bounded (measured 1-4 s, see README; >= 7x margin), and no wait for the 60 s hang
+    # bounded (measured 1-4 s; >= 7x margin), and no wait for the 60 s hang
     assert took < 30, f"stop took {took:.1f} s with a group {state}"
     assert_gone(run.spawned_pids + [run.lighthouse_pid], timeout=20)
 
