@@ -61,6 +61,7 @@ from .platform import check_gpu_sharing, select_platform
 from .supervisor import Supervisor
 
 STOP_TIMEOUT_S = 3.0  # how long stop() waits for a group's polite stop before killing it
+STOP_WAIT_S = 120.0  # a second stop() waits this long for the first (its saves have their own deadline)
 SAVE_DEADLINE_MIN_S = 10.0  # stop() gives a save in flight at least this long...
 SAVE_DEADLINE_FACTOR = 3.0  # ...or this many times the slowest save of the run
 FINAL_SAVE_TIMEOUT_S = 600.0  # a finished run's last save (synchronous; a large model on a slow disk)
@@ -178,6 +179,8 @@ class FTRun:
         self._stop_report: StopReport | None = None
         self.data_dir: str | None = None
         self._finishing = threading.Lock()  # taken once, by the thread that ends a finished run
+        self._stopper: int | None = None  # the thread that stops the run (a second stop() waits for it)
+        self._stop_done = threading.Event()
         self._unwatch_finish: Callable[[], None] | None = None
 
     # ---- what is going on -------------------------------------------------------------
@@ -603,8 +606,18 @@ class FTRun:
         slowest save of this run, at least 10 s); one that cannot is recorded as
         ``checkpoint_abandoned`` and its directory removed, so the newest checkpoint on disk is
         always complete. The report says which, and how long the stop took."""
-        if self.stopped:  # again, or while another thread stops it
+        if self.stopped:  # again, or while another thread stops it (a finished run stops itself): wait for it
+            if self._stopper != threading.get_ident():
+                self._stop_done.wait(STOP_WAIT_S)
             return self._stop_report or StopReport(run_id=self.run_id, seconds=0.0)
+        self.stopped = True
+        self._stopper = threading.get_ident()
+        try:
+            return self._stop(reason, save_timeout)
+        finally:
+            self._stop_done.set()
+
+    def _stop(self, reason: str, save_timeout: float | None) -> "StopReport":
         t0 = time.monotonic()
         phases: list[tuple[str, float]] = []
         mark = [t0]
@@ -614,7 +627,6 @@ class FTRun:
             phases.append((name, now - mark[0]))
             mark[0] = now
 
-        self.stopped = True
         if self._unwatch_finish is not None:
             self._unwatch_finish()
         lifetime.cancel(self.stop)
@@ -642,7 +654,7 @@ class FTRun:
             self._session.down_many(here, timeout=STOP_TIMEOUT_S, kill=True)
             self._session.down_many([n for n in names if n not in here], timeout=STOP_TIMEOUT_S)
             for g in self.groups:
-                if g.state not in (GAVE_UP, RETIRED):
+                if g.state not in (GAVE_UP, RETIRED, FINISHED):
                     self.supervisor.set_state(g, STOPPED)
             phase("groups")
         abandoned = self._remove_torn_checkpoints()
