@@ -194,7 +194,7 @@ def _checkpoint(model: str, directory: str) -> tuple[dict[str, list[int]], int]:
     import torch
     import torch.distributed.checkpoint as dcp
 
-    from monarch_nb.ft.flavors import model_config
+    from monarch_nb.ft.spec.flavors import model_config
 
     with torch.device("cpu"):
         net = model_config(model).build()
@@ -208,7 +208,7 @@ def _checkpoint(model: str, directory: str) -> tuple[dict[str, list[int]], int]:
 
 
 def measure_parts(groups_list: list[int], model: str, rounds: int) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    from monarch_nb.ft.lighthouse import LighthouseSettings
+    from monarch_nb.ft.control.lighthouse import LighthouseSettings
     from torchft._torchft import LighthouseServer
 
     records: list[dict[str, Any]] = []

@@ -44,8 +44,8 @@ def _inject(i):
 """
 
 SETUP_REAL = """
-from monarch_nb.ft.run import FTRun
-from monarch_nb.ft.config import RunConfig
+from monarch_nb.ft.control.run import FTRun
+from monarch_nb.ft.spec.config import RunConfig
 run = FTRun(RunConfig(replicas={replicas}, group_size={group_size}))
 run.start()
 def _inject(i):

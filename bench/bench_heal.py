@@ -8,7 +8,7 @@ References (no training, in this process):
   loopback_N      the same split over N parallel streams (``--streams``)
   torchft_http    torchft's ``HTTPTransport`` send/recv of a state dict of 3 MB tensors, as its
                   own ``http_transport_bench`` does it (``num_chunks`` 0), and chunked (N)
-  striped_1       monarch_nb's transport (ft/heal_transport.py): one donor, digests checked
+  striped_1       monarch_nb's transport (ft/worker/heal_transport.py): one donor, digests checked
   striped_N       the same from N donors (``--donors``, default 2) at once
 The heal itself, in a real run (``--heal``, default on): a model flavour whose trainer state
 (parameters + AdamW) is nearest the size, R groups training; one group is killed, respawned
@@ -125,7 +125,7 @@ def torchft_http(size: int, num_chunks: int) -> float:
 
 def striped(size: int, donors: int) -> float:
     """monarch_nb's transport alone: ``donors`` transports serving one state, one receiving it."""
-    from monarch_nb.ft.heal_transport import StripedTransport
+    from monarch_nb.ft.worker.heal_transport import StripedTransport
 
     timeout = timedelta(seconds=600)
     served = {f"t{i}": torch.ones(CHUNK_BYTES // 4) for i in range(0, size, CHUNK_BYTES)}

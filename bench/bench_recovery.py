@@ -4,7 +4,7 @@ In one invocation: one ``FTRun`` per (spares, heal transport) configuration, eac
 every fault kind ``--repeats`` times in turn (a rotating victim; the next fault only once the
 victim rejoined, the replicas were checked identical and, with spares, a spare is ready
 again). Everything reported comes from the runs' event logs, through the one recovery model
-(``monarch_nb.ft.recovery``): six phases back to back - detect, teardown, acquire, build,
+(``monarch_nb.ft.record.recovery``): six phases back to back - detect, teardown, acquire, build,
 heal, rejoin - adding up to ``seconds_since_failure`` (fault -> the victim's first committed
 step), plus how long the survivors stalled in units of their median step time.
 
@@ -31,8 +31,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from monarch_nb.ft import FaultKind, FTRun, RunConfig  # noqa: E402
-from monarch_nb.ft.faults import CLUSTER_KINDS  # noqa: E402
-from monarch_nb.ft.recovery import PHASES  # noqa: E402
+from monarch_nb.ft.spec.faults import CLUSTER_KINDS  # noqa: E402
+from monarch_nb.ft.record.recovery import PHASES  # noqa: E402
 from monarch_nb.telemetry.events import Rejoined, ReplicasIdentical, SpareState  # noqa: E402
 
 LOCAL_KINDS = [k.value for k in FaultKind if k not in CLUSTER_KINDS]

@@ -1,5 +1,5 @@
 """The cost of one failure, both ways, against the number of groups and the state size; fitted
-and extrapolated to the seed's clusters (monarch_nb/ft/costmodel.py holds the model).
+and extrapolated to the seed's clusters (lab/costmodel.py holds the model).
 
 Measures, on this machine, real failures (a ``kill``, ``--faults`` per configuration):
   * groups R in --groups (default 2,3,4,6) at the debugmodel's state size, both ways;
@@ -28,7 +28,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from monarch_nb.ft import FTRun, RunConfig  # noqa: E402
-from monarch_nb.ft.costmodel import SEED_CLUSTERS, Cluster, extrapolate, fit  # noqa: E402
+from lab.costmodel import SEED_CLUSTERS, Cluster, extrapolate, fit  # noqa: E402
 
 
 def measure(replicas: int, model: str, mode: str, faults: int) -> list[dict]:

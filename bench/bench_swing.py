@@ -9,7 +9,7 @@ previous wave's victims still out is smaller, or skipped). The waves go on until
 committed ``--steps``; then every victim is waited for and one identity check compares all
 groups. A fault-free run of the same config to the same step is the reference.
 
-Writes JSON (``monarch_nb.ft.swing.SwingResult``: faults sent and recovered, survivor restarts,
+Writes JSON (``lab.swing.SwingResult``: faults sent and recovered, survivor restarts,
 identical at the end, the live-groups timeline, min/max live groups, time at each count, the
 loss band check, per-fault recovery times, both loss curves) and a PNG beside it (the loss
 against the reference over the live-groups strip). Exit status 0 iff no promise was broken
@@ -29,7 +29,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from monarch_nb.ft import FTRun, RunConfig  # noqa: E402
-from monarch_nb.ft.swing import SwingPlan, SwingResult, drive_faults, drive_reference, figure, measure  # noqa: E402
+from lab.swing import SwingPlan, SwingResult, drive_faults, drive_reference, figure, measure  # noqa: E402
 
 
 def parser(doc: str = __doc__, *, groups: int = 16, every: float = 20.0, at_once: int = 8, steps: int = 200,

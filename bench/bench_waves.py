@@ -2,7 +2,7 @@
 
 ``bench/bench_swing.py`` with smaller defaults (4 groups of the debugmodel flavour, a wave of
 up to two ``comms`` faults every 25 s, never fewer than 2 groups training, waves until step
-240); the measurement is ``monarch_nb.ft.swing`` (see there and bench_swing.py for what the
+240); the measurement is ``lab.swing`` (see there and bench_swing.py for what the
 JSON holds). The 16-group run is bench_swing.py itself.
 
 Usage: python bench/bench_waves.py [--steps 240] [--every 25] [--at-once 2] [--out results.json]

@@ -4,7 +4,7 @@ Each trial kills one replica group and, while it is brought back, hits the run a
 phase of that recovery drawn at random (detect, teardown, acquire, build, quorum, pg_setup,
 heal, rejoin), on a random target (the victim again, the donor, another survivor), with a
 random kind (kill, comms; with --slurm also preempt and node_down). Every cell is drawn once
-before any repeats. See ``monarch_nb/ft/chaos.py`` for what each record means. One run of
+before any repeats. See ``lab/chaos.py`` for what each record means. One run of
 ``--groups`` groups serves every trial; exit status 1 when any trial broke a promise.
 
 Usage:
@@ -24,7 +24,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from monarch_nb.ft import FTRun, RunConfig  # noqa: E402
-from monarch_nb.ft.chaos import as_json, draw, run_trial  # noqa: E402
+from lab.chaos import as_json, draw, run_trial  # noqa: E402
 
 
 def main() -> int:

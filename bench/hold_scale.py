@@ -26,7 +26,7 @@ import monarch_nb  # noqa: E402,F401  (first: Monarch's supervision settings)
 import psutil  # noqa: E402
 
 from monarch_nb.ft import FTRun, RunConfig  # noqa: E402
-from monarch_nb.ft import supervisor as supervisor_module  # noqa: E402
+from monarch_nb.ft.control import supervisor as supervisor_module  # noqa: E402
 from monarch_nb.telemetry.events import FailureDetected, Healed  # noqa: E402
 
 SAMPLE_S = 5.0

@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from readme_tables import seed_table  # noqa: E402
-from monarch_nb.ft.costmodel import SEED_CLUSTERS, Parts, compose, extrapolate, fit, scale_medians  # noqa: E402
+from lab.costmodel import SEED_CLUSTERS, Parts, compose, extrapolate, fit, scale_medians  # noqa: E402
 
 
 def composition_check(failures: list[dict[str, Any]], parts_json: dict[str, Any], cores: int) -> list[dict[str, Any]]:

@@ -52,8 +52,8 @@ import psutil
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from monarch_nb.ft import FaultKind, FTRun, RunConfig, open_run  # noqa: E402
-from monarch_nb.ft.faults import CLUSTER_KINDS  # noqa: E402
-from monarch_nb.ft.history import RunHistory  # noqa: E402
+from monarch_nb.ft.spec.faults import CLUSTER_KINDS  # noqa: E402
+from monarch_nb.ft.record.history import RunHistory  # noqa: E402
 from monarch_nb.calls import messages_sent  # noqa: E402
 from monarch_nb.meshes import pid_alive  # noqa: E402
 from monarch_nb.notebook.notices import FailureNotices, failure_text  # noqa: E402

@@ -52,7 +52,7 @@ def __getattr__(name):  # noqa: ANN001
 
 def open_run(path):  # noqa: ANN001
     """Reopen a finished or interrupted run from its directory (or events.jsonl)."""
-    from .ft.run import open_run as _open_run
+    from .ft.control.run import open_run as _open_run
 
     return _open_run(path)
 

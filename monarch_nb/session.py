@@ -21,8 +21,7 @@ import weakref
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from . import _runtime, lifetime, seam, worker_logs
-from . import stacks as stacks_
+from . import _runtime, lifetime, seam, stacks as stacks_, worker_logs
 from .calls import CallWatch, MeshResult, gather, raise_for_outcome, receive
 from .errors import CallInterrupted, CallTimeout, MonarchNbError, RemoteError, UnknownMeshError
 from .meshes import ALIVE, ActorSpec, MeshHandle, ProcInfo, coords_of, pid_alive

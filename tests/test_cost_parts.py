@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from monarch_nb.ft.costmodel import Parts, compose
+from lab.costmodel import Parts, compose
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from monarch_nb.ft.groups import GROUP_STATES
+from monarch_nb.ft.control.groups import GROUP_STATES
 from monarch_nb.notebook.dashboard import Dashboard
 from monarch_nb.notebook.dashboard_model import DashboardModel
 from monarch_nb.notebook.dashboard_render import health_html, recoveries_html
@@ -516,7 +516,7 @@ def test_a_reopened_run_without_run_stopped_is_interrupted_at_its_last_event_not
 
 def test_a_stopped_run_and_a_live_one_are_never_called_interrupted(tmp_path):
     from monarch_nb.ft import open_run
-    from monarch_nb.ft.history import RunHistory
+    from monarch_nb.ft.record.history import RunHistory
 
     path = tmp_path / "events.jsonl"
     write_log(path, healthy_run() + [RunStopped(t=T0 + 30, run_id="r")])
@@ -548,7 +548,7 @@ def test_a_hang_s_stack_is_shown_under_its_recovery_and_the_header_links_the_lig
     from monarch_nb.notebook.dashboard_render import header_html
     from monarch_nb.telemetry.events import LighthouseStarted
 
-    stack = 'Thread 7 (idle): "train-r1"\n    hold_gil (monarch_nb/ft/faults.py:160)'
+    stack = 'Thread 7 (idle): "train-r1"\n    hold_gil (monarch_nb/ft/worker/fault_firing.py:30)'
     evs = healthy_run() + [LighthouseStarted(t=T0 + 0.05, address="http://127.0.0.1:29510", pid=42),
                            FaultInjected(t=T0 + 20, fault="hang", replica=1, rank=0, step=10),
                            FailureDetected(t=T0 + 23, replica=1, rank=0, reason="hang: no answer", detection_s=3.0,
@@ -556,7 +556,7 @@ def test_a_hang_s_stack_is_shown_under_its_recovery_and_the_header_links_the_lig
     m = model_of(evs)
     assert m.recoveries[0].stack == stack
     html = recoveries_html(m.recoveries, m.started_t)
-    assert "class='mnb-recovery-stack'" in html and "hold_gil (monarch_nb/ft/faults.py:160)" in html
+    assert "class='mnb-recovery-stack'" in html and "hold_gil (monarch_nb/ft/worker/fault_firing.py:30)" in html
     assert "stack of group 1 rank 0 when the hang was detected" in html
     assert "href='http://127.0.0.1:29510'" in header_html(m, T0 + 30)
 

@@ -13,7 +13,7 @@ import time
 import pytest
 
 from monarch_nb.ft import FTRun, RunConfig
-from monarch_nb.ft.durable import COMPLETE, latest_complete, list_checkpoints
+from monarch_nb.ft.spec.checkpoint_format import COMPLETE, latest_complete, list_checkpoints
 from proc_checks import assert_gone
 
 pytestmark = pytest.mark.slow
@@ -103,7 +103,7 @@ def test_a_checkpoint_interrupted_mid_write_is_skipped(lost_and_resumed, tmp_pat
     try:
         assert latest_complete(run.checkpoint_dir).step == newest.step
         with pytest.raises(ValueError, match="incomplete"):
-            from monarch_nb.ft.durable import load_into
+            from monarch_nb.ft.worker.checkpointer import load_into
 
             load_into(torn, {})
     finally:

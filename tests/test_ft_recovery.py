@@ -9,14 +9,7 @@ import time
 import pytest
 
 from monarch_nb.ft import FTRun, RunConfig, open_run
-from monarch_nb.telemetry.events import (
-    FailureDetected,
-    Healed,
-    Rejoined,
-    ReplicasIdentical,
-    Respawned,
-    Step,
-)
+from monarch_nb.telemetry.events import FailureDetected, Healed, Rejoined, ReplicasIdentical, Respawned, Step
 from notice_checks import assert_one_notice, watch_notices
 from proc_checks import assert_gone
 

@@ -9,8 +9,8 @@ import types
 import pytest
 
 from monarch_nb.ft import Fault, FaultKind, FaultSchedule, RespawnPolicy, RunConfig, open_run, select_platform
-from monarch_nb.ft.run import FTRun
-from monarch_nb.ft.platform import check_gpu_sharing
+from monarch_nb.ft.control.run import FTRun
+from monarch_nb.ft.spec.platform import check_gpu_sharing
 from monarch_nb.telemetry import EventStore
 from monarch_nb.telemetry.events import (
     FailureDetected,
@@ -55,7 +55,7 @@ def test_invalid_config_fails_before_any_process_starts(tmp_path):
 
 
 def test_a_plain_restart_address_names_the_jobs_store_and_its_generation():
-    from monarch_nb.ft.plain import PlainAddress, is_plain
+    from monarch_nb.ft.spec.plain_address import PlainAddress, is_plain
 
     a = PlainAddress("10.77.0.1", 29500, 3)
     assert str(a) == "plain://10.77.0.1:29500/3" and PlainAddress.parse(str(a)) == a and is_plain(str(a))
@@ -65,7 +65,7 @@ def test_a_plain_restart_address_names_the_jobs_store_and_its_generation():
 
 
 def test_a_heal_interface_resolves_to_its_address_or_names_the_ones_there_are():
-    from monarch_nb.ft.heal_transport import interface_address
+    from monarch_nb.ft.worker.heal_transport import interface_address
 
     assert interface_address("lo") == "127.0.0.1"
     with pytest.raises(ValueError, match=r"^heal_interface: this node \(.*\) has no IPv4 interface 'ib9'; it has .*lo \(127.0.0.1\)"):
@@ -154,8 +154,8 @@ def test_scheduled_waves_never_leave_fewer_than_keep_training_groups(tmp_path):
     import threading
     import time
 
-    from monarch_nb.ft.groups import FAILED, TRAINING, GroupTable
-    from monarch_nb.ft.injector import FaultInjector
+    from monarch_nb.ft.control.groups import FAILED, TRAINING, GroupTable
+    from monarch_nb.ft.control.injector import FaultInjector
 
     groups = GroupTable(8)
     for g in groups:
@@ -196,8 +196,8 @@ def test_scheduled_waves_never_leave_fewer_than_keep_training_groups(tmp_path):
     (16, 9, 8, r"^at_once: 9 groups at once can never be hit"),
 ])
 def test_a_schedule_the_groups_can_never_satisfy_is_refused_when_set(tmp_path, groups, at_once, keep, message):
-    from monarch_nb.ft.groups import TRAINING, GroupTable
-    from monarch_nb.ft.injector import FaultInjector
+    from monarch_nb.ft.control.groups import TRAINING, GroupTable
+    from monarch_nb.ft.control.injector import FaultInjector
 
     table = GroupTable(groups)
     for g in table:
@@ -217,8 +217,8 @@ def test_a_wave_that_finds_too_few_groups_training_is_recorded_as_skipped_with_i
     import threading
     import time
 
-    from monarch_nb.ft.groups import FAILED, TRAINING, GroupTable
-    from monarch_nb.ft.injector import FaultInjector
+    from monarch_nb.ft.control.groups import FAILED, TRAINING, GroupTable
+    from monarch_nb.ft.control.injector import FaultInjector
     from monarch_nb.telemetry.events import FaultSkipped
 
     table = GroupTable(4)
@@ -283,18 +283,15 @@ def _dead_child(tmp_path, kind, log=None):
 
     import psutil
 
-    from monarch_nb.ft import faults
-
-    code = ("import importlib.util, os, sys\n"
-            "spec = importlib.util.spec_from_file_location('faults', sys.argv[1])\n"
-            "faults = sys.modules['faults'] = importlib.util.module_from_spec(spec)\n"
-            "spec.loader.exec_module(faults)\n"
-            "kind = faults.FaultKind(sys.argv[2])\n"
-            "if len(sys.argv) > 3:\n"
-            "    faults.record_firing(sys.argv[3], {'kind': 'fault_fired', 'fault': kind.value, 'replica': 0,\n"
-            "                                       'rank': 0, 'step': 5, 'pid': os.getpid()})\n"
-            "faults.fire(kind)\n")
-    child = subprocess.Popen([sys.executable, "-c", code, faults.__file__, kind] + ([log] if log else []))
+    code = ("import os, sys\n"
+            "from monarch_nb.ft.spec.faults import FaultKind, record_firing\n"
+            "from monarch_nb.ft.worker.fault_firing import fire\n"
+            "kind = FaultKind(sys.argv[1])\n"
+            "if len(sys.argv) > 2:\n"
+            "    record_firing(sys.argv[2], {'kind': 'fault_fired', 'fault': kind.value, 'replica': 0,\n"
+            "                                'rank': 0, 'step': 5, 'pid': os.getpid()})\n"
+            "fire(kind)\n")
+    child = subprocess.Popen([sys.executable, "-c", code, kind] + ([log] if log else []))
     os.waitid(os.P_PID, child.pid, os.WEXITED | os.WNOWAIT)  # ended, still a zombie
     assert psutil.Process(child.pid).status() == psutil.STATUS_ZOMBIE
     return child
@@ -304,9 +301,9 @@ def _pid_check(tmp_path, pid):
     """The supervisor's pid check over one group whose rank 0 is ``pid``."""
     import socket
 
-    from monarch_nb.ft.groups import GroupTable
-    from monarch_nb.ft.injector import FaultInjector
-    from monarch_nb.ft.supervisor import Supervisor
+    from monarch_nb.ft.control.groups import GroupTable
+    from monarch_nb.ft.control.injector import FaultInjector
+    from monarch_nb.ft.control.supervisor import Supervisor
 
     groups = GroupTable(1)
     groups[0].procs = [(pid, socket.gethostname())]
@@ -340,8 +337,8 @@ def test_silence_is_counted_from_the_start_of_training_not_from_the_spawn():
     of the start must not read as 2 min of silence (it did: 9 of 16 groups declared hung)."""
     import time
 
-    from monarch_nb.ft.groups import TRAINING, GroupTable
-    from monarch_nb.ft.supervisor import Supervisor
+    from monarch_nb.ft.control.groups import TRAINING, GroupTable
+    from monarch_nb.ft.control.supervisor import Supervisor
 
     groups = GroupTable(1)
     g = groups[0]
@@ -362,7 +359,7 @@ def test_the_poll_deadline_grows_while_answers_are_late_and_shrinks_when_they_ar
     """32 groups on two cores: answers took 0.5-0.7 s against a fixed 0.5 s deadline, every poll
     missed, and groups that answered every poll were failed as hung. Missed: doubled, up to half
     the hang timeout (a real hang is still caught); answered: three times the latency, from 0.5."""
-    from monarch_nb.ft.supervisor import next_poll_deadline
+    from monarch_nb.ft.control.supervisor import next_poll_deadline
 
     def result(seconds=0.0, missing=(), errors=None):
         return types.SimpleNamespace(seconds=seconds, missing=list(missing), errors=errors or {})
@@ -441,7 +438,7 @@ def test_platform_on_a_cpu_only_host_is_cpu_gloo():
 
 
 def test_tiny_tokenizer_and_corpus_are_built_locally_and_load_in_torchtitan(tmp_path):
-    from monarch_nb.ft.tinydata import ensure_tinydata
+    from monarch_nb.ft.spec.tinydata import ensure_tinydata
 
     out = ensure_tinydata(tmp_path)
     again = ensure_tinydata(tmp_path)
@@ -521,7 +518,7 @@ def _later(run, delay, *events):
 
 
 def test_wait_rejoin_waits_for_every_recovery_under_way(unstarted_run):
-    from monarch_nb.ft.waiting import wait_for_rejoin
+    from monarch_nb.ft.control.waiting import wait_for_rejoin
 
     run = unstarted_run
     run.events.append(FaultInjected(fault="kill", replica=0, rank=0, step=4))
@@ -534,7 +531,7 @@ def test_wait_rejoin_waits_for_every_recovery_under_way(unstarted_run):
 
 
 def test_wait_rejoin_of_one_replica_ignores_the_others(unstarted_run):
-    from monarch_nb.ft.waiting import wait_for_rejoin
+    from monarch_nb.ft.control.waiting import wait_for_rejoin
 
     run = unstarted_run
     run.events.append(FailureDetected(replica=0, rank=0, reason="x"))
@@ -550,7 +547,7 @@ def test_wait_rejoin_counts_a_commit_made_before_the_call_but_recorded_after(uns
     """The controller records a rejoin one poll after the worker committed: it must not be missed."""
     import time
 
-    from monarch_nb.ft.waiting import wait_for_rejoin
+    from monarch_nb.ft.control.waiting import wait_for_rejoin
 
     run = unstarted_run
     now = time.time()
@@ -563,7 +560,7 @@ def test_wait_rejoin_counts_a_commit_made_before_the_call_but_recorded_after(uns
 def test_wait_rejoin_with_nothing_under_way_waits_for_the_next_failure_and_rejoin(unstarted_run):
     import time
 
-    from monarch_nb.ft.waiting import wait_for_rejoin
+    from monarch_nb.ft.control.waiting import wait_for_rejoin
 
     run = unstarted_run
     t = time.time() - 60  # an earlier recovery, long finished, does not count
@@ -578,7 +575,7 @@ def test_wait_rejoin_with_nothing_under_way_waits_for_the_next_failure_and_rejoi
 
 
 def test_wait_rejoin_names_what_it_waited_for_and_how_far_it_got(unstarted_run):
-    from monarch_nb.ft.waiting import wait_for_rejoin
+    from monarch_nb.ft.control.waiting import wait_for_rejoin
     from monarch_nb.telemetry.events import GaveUp
 
     run = unstarted_run
@@ -593,7 +590,7 @@ def test_wait_rejoin_names_what_it_waited_for_and_how_far_it_got(unstarted_run):
 
 
 def test_describe_rejoin_is_one_line_with_the_step_and_the_time_since_the_fault():
-    from monarch_nb.ft.waiting import describe_rejoin
+    from monarch_nb.ft.control.waiting import describe_rejoin
 
     assert describe_rejoin(Rejoined(replica=1, step=42, seconds_since_failure=7.25)) == \
         "replica 1 rejoined at step 42, 7.2 s after the fault"
@@ -606,7 +603,7 @@ def _verdict(hashes):
 
 
 def test_differing_ranks_are_the_minority_of_their_rank():
-    from monarch_nb.ft.waiting import differing_ranks
+    from monarch_nb.ft.control.waiting import differing_ranks
 
     same = "params:aa optim:bb"
     assert differing_ranks(_verdict({f"replica{r}/rank{k}": same + str(k) for r in range(3) for k in range(2)})) == []
@@ -625,8 +622,8 @@ class _ReportingRun:
         self.digests = digests  # (replica, rank) -> (params, optim)
 
     def check_identical(self, timeout):
-        from monarch_nb.ft.identity import IdentityChecks
-        from monarch_nb.ft.ingest import HashReport
+        from monarch_nb.ft.control.identity import IdentityChecks
+        from monarch_nb.ft.record.ingest import HashReport
 
         verdicts = []
         checks = IdentityChecks(group_size=1, emit=verdicts.append)
@@ -643,7 +640,7 @@ def _digest(data: bytes) -> str:
 
 
 def test_require_identical_returns_the_verdict_or_names_the_ranks_that_differ(unstarted_run):
-    from monarch_nb.ft.waiting import ReplicasDiffer, require_identical
+    from monarch_nb.ft.control.waiting import ReplicasDiffer, require_identical
 
     with pytest.raises(RuntimeError, match="^fewer than two replica groups are training"):
         require_identical(unstarted_run)  # never started: nothing to compare
@@ -671,8 +668,8 @@ def test_an_identity_check_moves_ahead_when_fast_steps_outran_the_controllers_vi
     # A GPU commits many steps between two polls: the groups are past the first target the
     # controller picks (hash_at answers False). Found on an H200, where check_identical waited
     # for a step no group would report.
-    from monarch_nb.ft.identity import IdentityChecks
-    from monarch_nb.ft.ingest import HashReport
+    from monarch_nb.ft.control.identity import IdentityChecks
+    from monarch_nb.ft.record.ingest import HashReport
 
     emitted = []
     checks = IdentityChecks(group_size=1, emit=emitted.append)
@@ -698,7 +695,7 @@ def test_an_identity_check_asks_every_group_at_once():
     a barrier of 32 parties only opens if they are."""
     import threading
 
-    from monarch_nb.ft.identity import IdentityChecks
+    from monarch_nb.ft.control.identity import IdentityChecks
 
     barrier = threading.Barrier(32, timeout=10)
 
@@ -711,8 +708,8 @@ def test_an_identity_check_asks_every_group_at_once():
 
 @pytest.mark.parametrize("groups, expected", [(2, 0.25), (8, 0.25), (16, 0.5), (32, 1.0)])
 def test_groups_are_polled_less_often_past_eight_so_the_controllers_polls_stay_flat(groups, expected):
-    from monarch_nb.ft.groups import GroupTable
-    from monarch_nb.ft.supervisor import POLLS_PER_S, Supervisor
+    from monarch_nb.ft.control.groups import GroupTable
+    from monarch_nb.ft.control.supervisor import POLLS_PER_S, Supervisor
 
     table = GroupTable(groups)
     sup = Supervisor(RunConfig(replicas=groups), None, table, None, None, None, [].append, lambda replica: None,
@@ -728,8 +725,8 @@ def test_most_groups_silent_at_once_reads_as_overload_not_as_hangs():
     """32 groups on two cores: every poll answers late. Failing them all as hung killed healthy
     groups and fed the overload with respawns (bench_scale at R = 32); one silent group is
     still a hang after hang_timeout_s."""
-    from monarch_nb.ft.groups import TRAINING, GroupTable
-    from monarch_nb.ft.supervisor import OVERLOAD_PATIENCE, Supervisor
+    from monarch_nb.ft.control.groups import TRAINING, GroupTable
+    from monarch_nb.ft.control.supervisor import OVERLOAD_PATIENCE, Supervisor
 
     table = GroupTable(8)
     for g in table:
@@ -760,8 +757,8 @@ def test_a_group_starved_of_cpu_on_an_oversubscribed_host_is_not_a_hang():
     (a cluster node) is judged by its own silence alone."""
     import socket
 
-    from monarch_nb.ft.groups import TRAINING, GroupTable
-    from monarch_nb.ft.supervisor import STARVED_PATIENCE, Supervisor
+    from monarch_nb.ft.control.groups import TRAINING, GroupTable
+    from monarch_nb.ft.control.supervisor import STARVED_PATIENCE, Supervisor
 
     table = GroupTable(2)
     for g in table:
@@ -784,8 +781,8 @@ def test_a_group_that_healed_past_the_checked_step_is_left_out_of_the_check():
     """At R = 32 on two cores groups dropped from a quorum healed from a peer past the step the
     check waited for, so it never heard from them and no check completed. A rank that skipped
     the step says so (``hashes_skipped``); the check compares those that committed it."""
-    from monarch_nb.ft.identity import IdentityChecks
-    from monarch_nb.ft.ingest import EventIngest, HashReport, HashSkipped
+    from monarch_nb.ft.control.identity import IdentityChecks
+    from monarch_nb.ft.record.ingest import EventIngest, HashReport, HashSkipped
 
     emitted = []
     checks = IdentityChecks(group_size=1, emit=emitted.append)
@@ -809,8 +806,8 @@ def test_a_group_that_healed_past_the_checked_step_is_left_out_of_the_check():
 def test_the_join_timeout_stretches_with_processes_per_core_on_a_shared_host():
     """32 groups on two cores: survivors came to the quorum after a failure more than the base
     1 s apart, were left out and healed (153 heals for 2 faults). Stretched by processes per core."""
-    from monarch_nb.ft.lighthouse import join_timeout_for
-    from monarch_nb.ft.placement import Placement, SlurmPlacement
+    from monarch_nb.ft.control.lighthouse import join_timeout_for
+    from monarch_nb.ft.control.placement import Placement, SlurmPlacement
 
     assert join_timeout_for(1000, 2, 2) == 1000  # a core each: unchanged
     assert join_timeout_for(1000, 1, 8) == 1000  # never shorter than asked
@@ -822,8 +819,8 @@ def test_the_join_timeout_stretches_with_processes_per_core_on_a_shared_host():
 def test_a_group_that_fails_before_the_checked_step_is_left_out_of_the_check():
     """At R = 32 each check asked after a rejoin still waited on a group the next fault took, and
     none completed: a failed group is dropped from every pending check."""
-    from monarch_nb.ft.identity import IdentityChecks
-    from monarch_nb.ft.ingest import HashReport
+    from monarch_nb.ft.control.identity import IdentityChecks
+    from monarch_nb.ft.record.ingest import HashReport
 
     emitted = []
     checks = IdentityChecks(group_size=2, emit=emitted.append)

@@ -32,8 +32,8 @@ from IPython.core.error import UsageError
 
 from monarch_nb.errors import MonarchNbError
 from monarch_nb.ft import RespawnPolicy, RunConfig, open_run
-from monarch_nb.ft import config as config_module
-from monarch_nb.ft.jobfile import OWN_SECTION, SECTIONS
+from monarch_nb.ft.spec import config as config_module
+from monarch_nb.ft.spec.jobfile import OWN_SECTION, SECTIONS
 from monarch_nb.notebook.args import HelpShown, non_negative_int, positive_float, positive_int
 from monarch_nb.notebook.magics import SUBCOMMANDS, _cell_parser, _line_parser
 from monarch_nb.telemetry import EventStore, event_kinds

@@ -1,4 +1,4 @@
-"""The supervisor's shared state changes only under ``GroupTable.lock`` (monarch_nb/ft/groups.py).
+"""The supervisor's shared state changes only under ``GroupTable.lock`` (monarch_nb/ft/control/groups.py).
 
 Three checks, no worker process:
 
@@ -23,8 +23,8 @@ from pathlib import Path
 import pytest
 
 from monarch_nb.ft import RunConfig
-from monarch_nb.ft.groups import TRAINING, WAITING, Failure, GroupTable, ReplicaGroup
-from monarch_nb.ft.supervisor import Supervisor
+from monarch_nb.ft.control.groups import TRAINING, WAITING, Failure, GroupTable, ReplicaGroup
+from monarch_nb.ft.control.supervisor import Supervisor
 
 THREADS, ROUNDS = 8, 2000
 
@@ -211,7 +211,7 @@ def test_no_lock_is_held_across_a_trainer_call_or_an_emit():
 def test_a_restart_of_every_group_holds_no_lock_across_its_calls(monkeypatch):
     """recovery="restart": one thread tears every group down and brings it back; it used to
     hold its lock all along (down_many, spawns, trainer calls, emits)."""
-    import monarch_nb.ft.supervisor as supervisor
+    import monarch_nb.ft.control.supervisor as supervisor
 
     monkeypatch.setattr(supervisor, "_trainer_class", lambda: object)  # no monarch, no torch
     s = _Supervised(recovery="restart")

@@ -9,7 +9,7 @@ from datetime import timedelta
 import pytest
 import torch
 
-from monarch_nb.ft.heal_transport import HealCorrupt, StripedTransport, cut, stripes
+from monarch_nb.ft.worker.heal_transport import HealCorrupt, StripedTransport, cut, stripes
 
 TIMEOUT = timedelta(seconds=10)
 PIECE = 1 << 16  # small pieces, so a small state has many

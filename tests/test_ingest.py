@@ -3,7 +3,7 @@ polled, and what the run records from it."""
 
 from __future__ import annotations
 
-from monarch_nb.ft.ingest import EventIngest, HashReport
+from monarch_nb.ft.record.ingest import EventIngest, HashReport
 from monarch_nb.telemetry.events import Healed, Quorum, Rejoined, Step
 
 
@@ -87,7 +87,7 @@ def test_events_a_late_poll_answer_carried_come_again_and_count_once():
     """A poll answered after the controller stopped waiting (32 groups on two cores) took its
     events with it: heals and digests went missing. Events are now sent until acknowledged;
     the controller keeps only those it does not hold yet."""
-    from monarch_nb.ft.ingest import unseen
+    from monarch_nb.ft.record.ingest import unseen
 
     first = {"events": [{"kind": "a"}, {"kind": "b"}], "first_seq": 1}
     # that answer came too late: nothing held, nothing acknowledged; the next poll re-sends 1-2 and adds 3

@@ -109,4 +109,43 @@ def test_dependency_internals_only_in_the_seam_module():
 
 def test_one_class_recovery():
     found = [str(p.relative_to(PKG)) for p in PKG.rglob("*.py") if re.search(r"^class Recovery\b", p.read_text(), re.M)]
-    assert found == ["ft/recovery.py"]
+    assert found == ["ft/record/recovery.py"]
+
+
+SIDES = ("spec", "control", "worker", "record")
+
+
+def side_of(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[2] if parts[:2] == ["monarch_nb", "ft"] and len(parts) > 2 and parts[2] in SIDES else None
+
+
+def test_every_ft_module_lives_in_the_folder_of_the_side_it_runs_on():
+    loose = [m for m in modules() if m.startswith("monarch_nb.ft.") and side_of(m) is None]
+    assert not loose, f"ft/ modules outside spec/, control/, worker/, record/: {loose}"
+
+
+def test_the_kernel_side_and_the_worker_side_never_import_each_other():
+    """control/ may import only the actor class it spawns from worker/; worker/ imports no control/
+    code; spec/ (plain data) and record/ (folds of events) import neither side."""
+    allowed = {("control", "monarch_nb.ft.worker.trainer_actor")}
+    crossing = []
+    for module, path in modules().items():
+        side = side_of(module)
+        if side is None:
+            continue
+        for target in imports_of(module, path):
+            other = side_of(target)
+            if other is None or other == side or other == "spec":
+                continue
+            if other == "record" and side == "control":
+                continue  # the controller folds its events
+            if (side, target) not in allowed:
+                crossing.append(f"{module} -> {target}")
+    assert not crossing, crossing
+
+
+def test_the_product_never_imports_the_lab():
+    users = [f"{m} -> {t}" for m, p in modules().items() for t in imports_of(m, p) if t.startswith("lab")]
+    plain = [str(p) for p in PKG.rglob("*.py") if re.search(r"^\s*(from|import)\s+lab\b", p.read_text(), re.M)]
+    assert not users and not plain, users + plain

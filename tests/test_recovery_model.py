@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from monarch_nb.ft import RecoveryTracker, open_run
-from monarch_nb.ft.history import RunHistory
+from monarch_nb.ft.record.history import RunHistory
 from monarch_nb.notebook.dashboard_model import DashboardModel
 from monarch_nb.telemetry import EventStore
 from monarch_nb.telemetry.events import (
@@ -206,7 +206,7 @@ def test_open_run_gives_the_same_recoveries_as_the_live_store(tmp_path):
     assert open_run(tmp_path).recoveries() == live and live[0].survivor_commits_while_down == 4
 
 
-# The seed-cluster extrapolation (monarch_nb/ft/costmodel.py): what it takes from the fit of the
+# The seed-cluster extrapolation (lab/costmodel.py): what it takes from the fit of the
 # failures measured here, and what it assumes.
 
 from dataclasses import replace  # noqa: E402
@@ -215,7 +215,7 @@ from pathlib import Path  # noqa: E402
 
 from bench_scripts import load_bench  # noqa: E402
 
-from monarch_nb.ft.costmodel import OVERLAP, SEED_CLUSTERS, Cluster, Parts, compose, extrapolate, fit  # noqa: E402
+from lab.costmodel import OVERLAP, SEED_CLUSTERS, Cluster, Parts, compose, extrapolate, fit  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 

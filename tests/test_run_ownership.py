@@ -12,8 +12,8 @@ import psutil
 import pytest
 
 from monarch_nb.ft import FTRun, RunConfig
-from monarch_nb.ft.checkpoint_owner import MANIFEST, Manifest, checkpoint_root, claim
-from monarch_nb.ft.durable import list_checkpoints, step_dir
+from monarch_nb.ft.control.checkpoint_folder import MANIFEST, Manifest, checkpoint_root, claim
+from monarch_nb.ft.spec.checkpoint_format import list_checkpoints, step_dir
 from monarch_nb.telemetry.events import CheckpointLoaded, Resumed, RunFinished, RunStarted, RunStopped, Step
 
 REPO = Path(__file__).resolve().parent.parent

@@ -94,7 +94,7 @@ def manager():
     import torchft
     from torch.distributed import TCPStore
 
-    from monarch_nb.ft.lighthouse import Lighthouse
+    from monarch_nb.ft.control.lighthouse import Lighthouse
 
     lighthouse = Lighthouse().start()
     store = TCPStore("127.0.0.1", 0, world_size=None, is_master=True, wait_for_workers=False)
@@ -129,7 +129,7 @@ def test_a_rebuilt_manager_never_gets_a_quorum_with_its_predecessors_ghost(retir
     The first case pins torchft's behaviour: when it fails, the wait may go."""
     from torch.distributed import TCPStore
 
-    from monarch_nb.ft.lighthouse import Lighthouse, LighthouseSettings
+    from monarch_nb.ft.control.lighthouse import Lighthouse, LighthouseSettings
 
     heartbeat = timedelta(seconds=2)  # longer than building the new Manager takes
     lighthouse = Lighthouse(LighthouseSettings(min_replicas=2, join_timeout_ms=100,

@@ -18,9 +18,16 @@ import psutil
 import pytest
 
 from monarch_nb.ft import FTRun, RunConfig
-from monarch_nb.ft.chaos import survivors_quorum
-from monarch_nb.telemetry.events import (AllGroupsLost, CommsRetry, FailureDetected, Healed, Rejoined,
-                                         RestartedFromScratch, Step)
+from lab.chaos import survivors_quorum
+from monarch_nb.telemetry.events import (
+    AllGroupsLost,
+    CommsRetry,
+    FailureDetected,
+    Healed,
+    Rejoined,
+    RestartedFromScratch,
+    Step,
+)
 from proc_checks import assert_gone, wait_for
 
 
@@ -155,7 +162,7 @@ MATRIX = [("detect", "survivor", "kill"), ("teardown", "donor", "comms"), ("acqu
 
 @pytest.fixture(scope="module")
 def matrix(tmp_path_factory):
-    from monarch_nb.ft.chaos import Cell, run_trial
+    from lab.chaos import Cell, run_trial
 
     run = FTRun(RunConfig(replicas=3, runs_root=str(tmp_path_factory.mktemp("chaos"))))
     records = {}

@@ -34,7 +34,7 @@ class Worker(Actor):
     @endpoint
     def hold_gil_on(self, rank: int, seconds: float) -> None:
         if current_rank().rank == rank:
-            from monarch_nb.ft.faults import hold_gil
+            from monarch_nb.ft.worker.fault_firing import hold_gil
 
             hold_gil(seconds)
 

@@ -102,7 +102,7 @@ def test_slurm_missing_or_unreachable_is_a_clear_error(session, tmp_path, monkey
 # A second fault while replica 1's first quorum after its kill forms (its process group is
 # being built): the issue's case 1 (a survivor preempted: the donor waited on it and was
 # killed) and case 2 (the node holding that quorum's store goes down: a healthy group on
-# another node was killed as "comms"). See monarch_nb/ft/chaos.py for the trial.
+# another node was killed as "comms"). See lab/chaos.py for the trial.
 SECOND_FAULTS = {"preempt-survivor": ("formed", "survivor", "preempt"),
                  "node_down-of-the-store": ("formed", "store", "node_down")}
 
@@ -110,7 +110,7 @@ SECOND_FAULTS = {"preempt-survivor": ("formed", "survivor", "preempt"),
 @pytest.fixture(scope="module")
 def slurm_run(slurm_cluster, tmp_path_factory):
     from monarch_nb.ft import FTRun, RunConfig
-    from monarch_nb.ft.chaos import Cell, run_trial
+    from lab.chaos import Cell, run_trial
 
     # checkpoints: a node_down may take every holder of the state; the run then resumes from disk
     run = FTRun(RunConfig(replicas=3, job="slurm", checkpoint_every=10,

@@ -9,9 +9,10 @@ from __future__ import annotations
 import pytest
 
 from monarch_nb.ft import FTRun, RunConfig
-from monarch_nb.ft.durable import (ABANDONED, COMPLETE, SLOW_SAVE_ENV, DurableCheckpointer, latest_complete,
-                                   list_checkpoints, remove_torn, step_dir)
-from monarch_nb.ft.run import SAVE_DEADLINE_MIN_S, StopReport, save_deadline
+from monarch_nb.ft.spec.checkpoint_format import ABANDONED, COMPLETE, latest_complete, list_checkpoints, step_dir
+from monarch_nb.ft.worker.checkpointer import SLOW_SAVE_ENV, DurableCheckpointer
+from monarch_nb.ft.control.checkpoint_folder import remove_torn
+from monarch_nb.ft.control.run import SAVE_DEADLINE_MIN_S, StopReport, save_deadline
 from monarch_nb.telemetry.events import CheckpointAbandoned, CheckpointSaved, Step
 from proc_checks import assert_gone
 

@@ -1,4 +1,4 @@
-"""The seed's experiment's measurement (monarch_nb.ft.swing), on synthetic event logs: no process.
+"""The seed's experiment's measurement (lab.swing), on synthetic event logs: no process.
 
 The notebook (06) and bench/bench_swing.py judge real runs with the same ``measure``; here each
 promise is shown to hold on a good log and to be reported broken on a log that breaks it."""
@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import math
 
-from monarch_nb.ft.history import RunHistory
-from monarch_nb.ft.swing import SwingPlan, SwingResult, figure, measure
+from monarch_nb.ft.record.history import RunHistory
+from lab.swing import SwingPlan, SwingResult, figure, measure
 from monarch_nb.telemetry import EventStore
 from monarch_nb.telemetry.events import (
     FailureDetected,

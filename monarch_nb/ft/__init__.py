@@ -7,13 +7,13 @@ healed replicas are bit-identical, and records everything in ``<run_dir>/events.
 ``open_run`` rebuilds a run's history from that file alone.
 """
 
-from .config import RunConfig
-from .faults import Fault, FaultKind, FaultSchedule
-from .history import RunHistory
-from .platform import Platform, select_platform
-from .recovery import Phase, Recovery, RecoveryTracker
-from .respawn import RespawnPolicy
-from .run import FTRun, StopReport, open_run
+from .control.run import FTRun, StopReport, open_run
+from .record.history import RunHistory
+from .record.recovery import Phase, Recovery, RecoveryTracker
+from .spec.config import RunConfig
+from .spec.faults import Fault, FaultKind, FaultSchedule
+from .spec.platform import Platform, select_platform
+from .spec.respawn import RespawnPolicy
 
 __all__ = ["FTRun", "Fault", "FaultKind", "FaultSchedule", "Phase", "Platform", "Recovery", "RecoveryTracker",
            "RespawnPolicy", "RunConfig", "RunHistory", "StopReport", "open_run", "select_platform"]

@@ -43,18 +43,7 @@ from ..telemetry.events import Event
 from ..telemetry.store import EventStore
 
 from . import dashboard_render as render
-from .dashboard_model import (
-    CONTROLS,
-    FAULT_KINDS,
-    HEADER,
-    HEALTH,
-    LOGS,
-    PANELS,
-    PLOT,
-    QUORUM,
-    TIMELINE,
-    DashboardModel,
-)
+from .dashboard_model import CONTROLS, FAULT_KINDS, HEADER, HEALTH, LOGS, PANELS, PLOT, QUORUM, TIMELINE, DashboardModel
 
 __all__ = ["Dashboard", "DashboardStats", "RunControls", "FAULT_KINDS"]
 

@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 from ..errors import format_ranks
-from ..ft.faults import FaultKind
-from ..ft.recovery import Recovery, RecoveryTracker
+from ..ft.record.recovery import Recovery, RecoveryTracker
+from ..ft.spec.faults import FaultKind
 from ..telemetry.events import (
     Acquired,
     CallTimedOut,

@@ -20,12 +20,12 @@ import math
 import time
 from typing import Any, Iterable
 
-from ..ft.groups import GROUP_STATES
-from ..ft.recovery import PHASES, Recovery
+from ..ft.control.groups import GROUP_STATES
+from ..ft.record.recovery import PHASES, Recovery
 from .dashboard_model import DashboardModel, HealthCell, LogLine, PlotData, QuorumSummary, fmt_bytes
 from .palette import STATE_STYLES, style_of
 
-SPARE_STATES = ("building", "ready")  # a warm spare waiting outside the quorum (monarch_nb.ft.spares)
+SPARE_STATES = ("building", "ready")  # a warm spare waiting outside the quorum (monarch_nb.ft.control.spares)
 # Okabe-Ito palette: distinguishable with the common colour-vision deficiencies.
 REPLICA_COLOURS = ("#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#F0E442", "#999999")
 GLOBAL_COLOUR = "#000000"

@@ -22,8 +22,15 @@ from ..calls import CallWatch, gather
 from ..errors import CallInterrupted, Interrupted, MonarchNbError, RemoteError, format_ranks
 from ..live_debug import LiveDebugger, drive
 from ..session import Session, current_session
-from .args import (HelpShown, MagicArgumentParser, dim_selector, key_value, non_negative_int, positive_float,
-                   positive_int)
+from .args import (
+    HelpShown,
+    MagicArgumentParser,
+    dim_selector,
+    key_value,
+    non_negative_int,
+    positive_float,
+    positive_int,
+)
 from . import notices
 from .html import MONARCH_VIEWS_HINT, cell_outputs_html, register_views, run_status_html, views_html
 from .progress import Progress, call_line

@@ -3,7 +3,7 @@
 Each state has a background colour, a text colour, a glyph and a word, so colour is never
 the only cue (colour-blind readers, screen readers, a printed notebook). States come from two
 vocabularies defined below the notebook layer: a process's or mesh's health
-(``monarch_nb.meshes``) and a replica group's state (``monarch_nb.ft.groups``).
+(``monarch_nb.meshes``) and a replica group's state (``monarch_nb.ft.control.groups``).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ class StateStyle:
 _RED, _GREEN, _AMBER, _BLUE, _GREY = "#d32f2f", "#2e7d32", "#f9a825", "#1565c0", "#616161"
 
 STATE_STYLES: dict[str, StateStyle] = {
-    # replica groups (monarch_nb.ft.groups.GROUP_STATES)
+    # replica groups (monarch_nb.ft.control.groups.GROUP_STATES)
     "starting": StateStyle("#b0bec5", "#102027", "\u25cc", "starting"),
     "training": StateStyle(_GREEN, "#ffffff", "\u2713", "training"),
     "failed": StateStyle(_RED, "#ffffff", "\u2717", "FAILED"),
@@ -34,7 +34,7 @@ STATE_STYLES: dict[str, StateStyle] = {
     "finished": StateStyle("#455a64", "#ffffff", "\u2691", "finished"),
     "retiring": StateStyle("#90a4ae", "#102027", "\u2198", "retiring"),
     "retired": StateStyle("#37474f", "#ffffff", "\u21e5", "retired"),
-    # warm spare groups (monarch_nb.ft.spares)
+    # warm spare groups (monarch_nb.ft.control.spares)
     "building": StateStyle("#b2dfdb", "#102027", "\u2692", "building"),
     "ready": StateStyle("#00897b", "#ffffff", "\u25c7", "spare ready"),
     # processes and meshes (monarch_nb.meshes), call outcomes

@@ -5,7 +5,7 @@ TOML job file with ``--config``), ``inject``/``schedule`` call the run's fault A
 blocks until a group rejoins or a step is committed, ``check`` proves the replicas
 bit-identical, ``stop`` stops the run, ``dashboard`` shows it. The handlers only translate
 arguments and results; every one is a single call on ``monarch_nb.ft.FTRun`` or
-``monarch_nb.ft.waiting``.
+``monarch_nb.ft.control.waiting``.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from typing import Any
 from IPython.core.error import UsageError
 
 from ..errors import Interrupted
-from ..ft.config import MODELS, RECOVERIES
-from ..ft.faults import CLUSTER_KINDS, FaultKind
+from ..ft.spec.config import MODELS, RECOVERIES
+from ..ft.spec.faults import CLUSTER_KINDS, FaultKind
 from .args import non_negative_int, positive_float, positive_int, positive_number
 from .progress import Line, Progress
 
@@ -98,7 +98,7 @@ def add_training_commands(sub: Any) -> None:
     targets = wait.add_subparsers(dest="target", metavar="{rejoin,step,spare}", required=True)
     rejoin = targets.add_parser(
         "rejoin", help="until the recoveries under way (or, with none, the next one) are back",
-        description="Block until replica groups rejoin (monarch_nb.ft.waiting.wait_for_rejoin). Recoveries "
+        description="Block until replica groups rejoin (monarch_nb.ft.control.waiting.wait_for_rejoin). Recoveries "
                     "under way when typed (a fault injected or a failure detected, and the group not back yet) "
                     "are the ones waited for, all of them or that of --replica; with none under way, the next "
                     "rejoin. Prints one line per group: the step it rejoined at and how long after the fault.")
@@ -264,11 +264,11 @@ class TrainingCommands:
         print(f"run {run.run_id}: {event.replicas} replica groups ({', '.join(parts) or 'no change'})")
 
     def wait(self, args: argparse.Namespace) -> None:
-        from ..ft.waiting import describe_rejoin, wait_for_rejoin
+        from ..ft.control.waiting import describe_rejoin, wait_for_rejoin
 
         run = self.current()
         if args.target == "spare":
-            from ..ft.waiting import wait_for_spares
+            from ..ft.control.waiting import wait_for_spares
 
             try:
                 with Progress(lambda: spares_line(run)):
@@ -314,7 +314,7 @@ class TrainingCommands:
               f"({time.monotonic() - t0:.1f} s)")
 
     def check(self, args: argparse.Namespace) -> None:
-        from ..ft.waiting import require_identical
+        from ..ft.control.waiting import require_identical
 
         run = self.current()
         try:

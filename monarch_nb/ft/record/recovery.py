@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any, Iterable
 
-from ..telemetry.events import (
+from ...telemetry.events import (
     Acquired,
     Event,
     FailureDetected,
@@ -38,7 +38,7 @@ from ..telemetry.events import (
     WorkerExitReported,
     WorkerFailed,
 )
-from .faults import FAILS_NOTHING
+from ..spec.faults import FAILS_NOTHING
 
 # The phases of a recovery in order; each ends with the event named in the docstring of Phase.
 PHASES = ("detect", "teardown", "acquire", "build", "heal", "rejoin")

@@ -19,8 +19,8 @@ import threading
 import time
 from typing import Any, ClassVar
 
-from ..telemetry.events import Acquired, FailureDetected, GaveUp, RestartedFromCheckpoint, Respawned, TornDown
-from .durable import latest_complete
+from ...telemetry.events import Acquired, FailureDetected, GaveUp, Respawned, RestartedFromCheckpoint, TornDown
+from ..spec.checkpoint_format import latest_complete
 from .groups import FAILED, GAVE_UP, HEALING, RESPAWNING, Failure, ReplicaGroup
 
 

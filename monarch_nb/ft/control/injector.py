@@ -21,8 +21,8 @@ import json
 import threading
 from typing import Any, Callable
 
-from ..telemetry.events import Event, FaultInjected, FaultSkipped
-from .faults import CLUSTER_KINDS, Fault, FaultKind, FaultSchedule
+from ...telemetry.events import Event, FaultInjected, FaultSkipped
+from ..spec.faults import CLUSTER_KINDS, Fault, FaultKind, FaultSchedule
 from .groups import HEALING, TRAINING, GroupTable
 
 FIRED_KEPT = 1000

@@ -1,6 +1,6 @@
 """When and how often a failed replica group is brought back.
 
-The supervisor in :mod:`monarch_nb.ft.supervisor` asks the policy before every attempt to
+The supervisor in :mod:`monarch_nb.ft.control.supervisor` asks the policy before every attempt to
 bring a group back. The first attempt after a group trained is immediate - a recovery must
 not wait for nothing - and each further attempt in a row (the respawn itself failed, or the
 group failed again before it rejoined) waits longer: ``backoff_s`` times ``backoff_factor``

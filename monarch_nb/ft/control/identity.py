@@ -3,10 +3,10 @@
 Training never pauses for a check. :meth:`IdentityChecks.request` asks every training
 group to report digests of its parameters and optimizer state right after committing one
 future step (a few steps ahead, so every group reaches it); the reports come back with the
-groups' telemetry (:class:`~monarch_nb.ft.ingest.HashReport`) and, once every asked rank
+groups' telemetry (:class:`~monarch_nb.ft.record.ingest.HashReport`) and, once every asked rank
 has answered, one ``ReplicasIdentical`` event records whether rank k of every group holds
 the same digests. A group that could not be asked is left out of that check, and so is one
-that healed past the step instead of committing it (:class:`~monarch_nb.ft.ingest.HashSkipped`),
+that healed past the step instead of committing it (:class:`~monarch_nb.ft.record.ingest.HashSkipped`),
 or that failed before committing it.
 """
 
@@ -17,8 +17,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
-from ..telemetry.events import Event, ReplicasIdentical
-from .ingest import HashReport, HashSkipped
+from ...telemetry.events import Event, ReplicasIdentical
+from ..record.ingest import HashReport, HashSkipped
 
 
 ASK_THREADS = 32  # groups asked at once by one check

@@ -1,6 +1,6 @@
 """One rank of one replica group: torchtitan's Llama 3 trained under a torchft Manager.
 
-Runs inside a worker process (built by :class:`monarch_nb.ft.trainer_actor.TrainerActor`), never
+Runs inside a worker process (built by :class:`monarch_nb.ft.worker.trainer_actor.TrainerActor`), never
 in the controller. It assembles torchtitan components rather than driving torchtitan's
 ``Trainer``: the Llama 3 model and its FSDP ``parallelize_llama`` (when the group has more
 than one process), ``OptimizersContainer``, ``LRSchedulersContainer``, ``CrossEntropyLoss``
@@ -33,11 +33,12 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any, Callable
 
-from .. import seam
-from .config import is_loopback, refuse_exposure
-from .durable import tensor_bytes as _tensor_bytes
-from .plain import PlainReplication, is_plain
-from .platform import DEVICE_SLOT_ENV, Platform, select_platform
+from ... import seam
+from ..spec.config import is_loopback, refuse_exposure
+from ..spec.plain_address import is_plain
+from ..spec.platform import DEVICE_SLOT_ENV, Platform, select_platform
+from .checkpointer import tensor_bytes as _tensor_bytes
+from .plain_replication import PlainReplication
 
 
 def _striped_info(transport: Any) -> dict[str, Any]:
@@ -164,7 +165,7 @@ class ReplicaTrainer:
         self._loaded_step: int | None = None
         self.durable = None
         if cfg.get("checkpoint_every"):
-            from .durable import DurableCheckpointer
+            from .checkpointer import DurableCheckpointer
 
             self.durable = DurableCheckpointer(str(cfg["checkpoint_dir"]), int(cfg["checkpoint_every"]),
                                                int(cfg.get("checkpoint_keep", 3)), rank, group_size,
@@ -221,9 +222,9 @@ class ReplicaTrainer:
     def _build_model(self, torch: Any) -> tuple[Any, Any]:
         from torchtitan.models.common import ScaledDotProductAttention
 
-        from .flavors import model_config
+        from ..spec.flavors import model_config
 
-        # torchtitan's flavours, or monarch_nb's "small"/"medium" (monarch_nb/ft/flavors.py).
+        # torchtitan's flavours, or monarch_nb's "small"/"medium" (monarch_nb/ft/spec/flavors.py).
         model_cfg = model_config(self.cfg.get("model", "debugmodel"), attn_backend="flex")
         # FlexAttention has no CPU backward and varlen no CPU kernel: the SDPA inner attention
         # (causal, no document masks) works everywhere. Our sequences are packed windows.
@@ -476,7 +477,7 @@ class ReplicaTrainer:
         return {"model": model, "optim": optim}
 
     def _fingerprint(self) -> dict[str, Any]:
-        from .durable import fingerprint
+        from ..spec.checkpoint_format import fingerprint
 
         return fingerprint(self.cfg, {n: tuple(p.shape) for n, p in self.model.named_parameters()})
 
@@ -490,7 +491,7 @@ class ReplicaTrainer:
         """The run reached its last step: write this step's state as a durable checkpoint into
         the run's checkpoint folder (every rank of the saving group calls this; periodic
         checkpoints on or off). Returns the step, path and parameter digest of what is on disk."""
-        from .durable import DurableCheckpointer
+        from .checkpointer import DurableCheckpointer
 
         saver = self.durable or DurableCheckpointer(str(self.cfg["checkpoint_dir"]), 0,
                                                     int(self.cfg.get("checkpoint_keep", 3)), self.rank,
@@ -506,7 +507,8 @@ class ReplicaTrainer:
         """Replace this replica's state with a durable checkpoint's; returns its step."""
         import torch
 
-        from .durable import META, load_into, mismatch
+        from ..spec.checkpoint_format import META, mismatch
+        from .checkpointer import load_into
 
         meta = torch.load(Path(path) / META, weights_only=False)
         why = mismatch(meta.get("fingerprint", {}), self._fingerprint())

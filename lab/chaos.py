@@ -34,9 +34,18 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from ..jobs.slurm import jobs_named, resume_node
-from ..telemetry.events import (Acquired, AllGroupsLost, FailureDetected, FaultInjected, Healed, Quorum, Rejoined,
-                                Respawned, TornDown)
+from monarch_nb.jobs.slurm import jobs_named, resume_node
+from monarch_nb.telemetry.events import (
+    Acquired,
+    AllGroupsLost,
+    FailureDetected,
+    FaultInjected,
+    Healed,
+    Quorum,
+    Rejoined,
+    Respawned,
+    TornDown,
+)
 
 PHASES = ("detect", "teardown", "acquire", "build", "quorum", "formed", "pg_setup", "heal", "rejoin")
 TARGETS = ("victim", "donor", "survivor", "store")

@@ -1,4 +1,4 @@
-"""Durable checkpoints: the state a heal moves, written to disk off the critical path.
+"""Worker side of durable checkpoints: the state a heal moves, written to disk off the critical path.
 
 Peer recovery needs a live peer. When there is none - every group lost at once, the
 Lighthouse and the kernel gone - a run continues from a durable checkpoint. One group saves
@@ -22,31 +22,18 @@ a stopped run is always a complete checkpoint.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
 import time
 from concurrent.futures import Future
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-COMPLETE = "COMPLETE"
-ABANDONED = "ABANDONED"
-META = "meta.pt"
+from ..spec.checkpoint_format import COMPLETE, ABANDONED, META, list_checkpoints, step_dir
+
 # Test hook: seconds each DCP write sleeps before writing (a slow disk, made on purpose).
 SLOW_SAVE_ENV = "MONARCH_NB_TEST_SLOW_SAVE_S"
-
-
-@dataclass(frozen=True)
-class CheckpointInfo:
-    path: Path
-    step: int
-
-    @property
-    def complete(self) -> bool:
-        return (self.path / COMPLETE).exists()
 
 
 def tensor_bytes(obj: Any) -> int:
@@ -61,42 +48,6 @@ def tensor_bytes(obj: Any) -> int:
     if isinstance(obj, (list, tuple)):
         return sum(tensor_bytes(v) for v in obj)
     return 0
-
-
-def step_dir(root: str | Path, step: int) -> Path:
-    return Path(root) / f"step-{step:07d}"
-
-
-def list_checkpoints(root: str | Path) -> list[CheckpointInfo]:
-    """Every checkpoint directory under ``root``, oldest first (complete or not)."""
-    out = []
-    for child in sorted(Path(root).glob("step-*")) if Path(root).is_dir() else []:
-        try:
-            out.append(CheckpointInfo(child, int(child.name.split("-", 1)[1])))
-        except ValueError:
-            continue
-    return sorted(out, key=lambda c: c.step)
-
-
-def latest_complete(root: str | Path) -> CheckpointInfo | None:
-    """The newest checkpoint whose write finished; ones interrupted mid-write are skipped."""
-    return next((c for c in reversed(list_checkpoints(root)) if c.complete), None)
-
-
-def fingerprint(cfg: dict[str, Any], shapes: dict[str, tuple[int, ...]]) -> dict[str, Any]:
-    """What must match for a checkpoint to load: the model and how it is split."""
-    digest = hashlib.blake2b(json.dumps(sorted(shapes.items())).encode(), digest_size=8).hexdigest()
-    return {"model": cfg.get("model"), "group_size": cfg.get("group_size"), "parameters": len(shapes),
-            "shapes": digest}
-
-
-def mismatch(saved: dict[str, Any], ours: dict[str, Any]) -> str | None:
-    """A sentence naming what differs between a checkpoint's fingerprint and ours, or None."""
-    for key in ("model", "group_size", "parameters", "shapes"):
-        if saved.get(key) != ours.get(key):
-            what = "parameter shapes" if key == "shapes" else key
-            return f"{what}: the checkpoint has {saved.get(key)!r}, this run has {ours.get(key)!r}"
-    return None
 
 
 class DurableCheckpointer:
@@ -222,17 +173,6 @@ def mark_complete(path: Path, meta: dict[str, Any], keep: int) -> None:
     complete = [c for c in list_checkpoints(path.parent) if c.complete]
     for old in complete[:-keep]:
         shutil.rmtree(old.path, ignore_errors=True)
-
-
-def remove_torn(root: str | Path) -> list[CheckpointInfo]:
-    """Remove checkpoint directories newer than the newest complete one (saves that never
-    finished: abandoned at a stop, or cut short by a kill). Call only when no writer is left.
-    Returns what was removed."""
-    newest = latest_complete(root)
-    torn = [c for c in list_checkpoints(root) if not c.complete and (newest is None or c.step > newest.step)]
-    for c in torn:
-        shutil.rmtree(c.path, ignore_errors=True)
-    return torn
 
 
 def _writer(base: type, path: Path) -> Any:

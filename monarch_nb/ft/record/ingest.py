@@ -14,8 +14,20 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Iterable
 
-from ..telemetry.events import (CheckpointAbandoned, CheckpointFailed, CheckpointLoaded, CheckpointSaved, CommsRetry,
-                                Event, HealCorrupt, Healed, Quorum, QuorumTimedOut, Rejoined, Step)
+from ...telemetry.events import (
+    CheckpointAbandoned,
+    CheckpointFailed,
+    CheckpointLoaded,
+    CheckpointSaved,
+    CommsRetry,
+    Event,
+    HealCorrupt,
+    Healed,
+    Quorum,
+    QuorumTimedOut,
+    Rejoined,
+    Step,
+)
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from ..telemetry.events import (
+from monarch_nb.telemetry.events import (
     AllGroupsLost,
     FaultInjected,
     ReplicaState,
@@ -40,8 +40,8 @@ from ..telemetry.events import (
     RunStopped,
     Step,
 )
-from .history import RunHistory
-from .recovery import RecoveryTracker
+from monarch_nb.ft.record.history import RunHistory
+from monarch_nb.ft.record.recovery import RecoveryTracker
 
 SETTLE_QUIET_S = 2.0  # after stop_schedule: no injection for this long means no wave is mid-send
 
@@ -254,7 +254,7 @@ def drive_faults(run: Any, plan: SwingPlan, log: Callable[[str], None] = print) 
 def settle(run: Any, timeout: float) -> None:
     """Block until no recovery is under way (a wave still being sent is waited for too); a
     victim given up on, or the run stopping, ends the wait (the result records it)."""
-    from .waiting import wait_for_rejoin
+    from monarch_nb.ft.control.waiting import wait_for_rejoin
 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -2,7 +2,7 @@
 
 The run owns (or borrows) a :class:`monarch_nb.session.Session`, starts a torchft
 Lighthouse in its own process and R replica groups, each a Monarch proc mesh named
-``replica{r}`` of G processes running :class:`~monarch_nb.ft.trainer_actor.TrainerActor`.
+``replica{r}`` of G processes running :class:`~monarch_nb.ft.worker.trainer_actor.TrainerActor`.
 torchft decides quorum and moves state between peers; monarch_nb decides *when* a group has
 failed and brings it back, and records every phase as typed events in
 ``<run_dir>/events.jsonl``.
@@ -25,10 +25,10 @@ import uuid
 from pathlib import Path
 from typing import Any, Callable
 
-from .. import lifetime, views, worker_logs
-from ..session import runs_root
-from ..telemetry import EventStore
-from ..telemetry.events import (
+from ... import lifetime, views, worker_logs
+from ...session import runs_root
+from ...telemetry import EventStore
+from ...telemetry.events import (
     CheckpointAbandoned,
     CheckpointSaved,
     Event,
@@ -45,19 +45,19 @@ from ..telemetry.events import (
     Scaled,
     Step,
 )
-from .config import MAX_GROUPS, RESTARTS, RunConfig
-from .checkpoint_owner import checkpoint_root, claim, own_checkpoint, read_fingerprint, source_checkpoint
-from .durable import CheckpointInfo, latest_complete, list_checkpoints, remove_torn
-from .faults import Fault, FaultKind, FaultSchedule, record_firing, refuse_corrupt_unless_striped
+from ..record.history import RunHistory
+from ..record.ingest import EventIngest
+from ..spec.checkpoint_format import CheckpointInfo, latest_complete, list_checkpoints
+from ..spec.config import MAX_GROUPS, RESTARTS, RunConfig
+from ..spec.faults import Fault, FaultKind, FaultSchedule, record_firing, refuse_corrupt_unless_striped
+from ..spec.platform import check_gpu_sharing, select_platform
+from .checkpoint_folder import checkpoint_root, claim, own_checkpoint, read_fingerprint, remove_torn, source_checkpoint
 from .groups import FINISHED, GAVE_UP, HEALING, RETIRED, STARTING, STOPPED, TRAINING, GroupTable, ReplicaGroup
-from .history import RunHistory
 from .identity import IdentityChecks
-from .ingest import EventIngest
 from .injector import FaultInjector
 from .lighthouse import Lighthouse, LighthouseSettings, join_timeout_for
-from .plain import PlainRendezvous
 from .placement import placement_for
-from .platform import check_gpu_sharing, select_platform
+from .plain_rendezvous import PlainRendezvous
 from .supervisor import Supervisor
 
 STOP_TIMEOUT_S = 3.0  # how long stop() waits for a group's polite stop before killing it
@@ -342,7 +342,7 @@ class FTRun:
 
                 check_gpu_sharing(platform, cfg.replicas + cfg.spares, cfg.group_size, torch.cuda.device_count())
         self.started = True
-        from .tinydata import ensure_tinydata
+        from ..spec.tinydata import ensure_tinydata
 
         self.data_dir = str(Path(cfg.data_dir) if cfg.data_dir else ensure_tinydata())
         self.events.append(RunStarted(run_id=self.run_id, config={**cfg.to_dict(), "run_dir": str(self.run_dir)}))
@@ -353,7 +353,7 @@ class FTRun:
                                        source_run=self.resume_source if named else None))
         try:
             if self._session is None:
-                from ..session import Session
+                from ...session import Session
 
                 self._session = Session(events=self.events)
             lifetime.on_exit(self.stop, "interpreter exit")  # runs before the session's own release

@@ -2,7 +2,7 @@
 
 ``RunHistory`` reads an :class:`~monarch_nb.telemetry.EventStore` - live (``FTRun.history()``)
 or reopened from disk (``open_run(path)``) - in one pass: the events are folded by the one
-:class:`~monarch_nb.ft.recovery.RecoveryTracker` (which defines a recovery and its phases),
+:class:`~monarch_nb.ft.record.recovery.RecoveryTracker` (which defines a recovery and its phases),
 and every group's committed steps are collected on the way. A second, short pass over those
 steps adds what only the whole run can tell: how long the groups that stayed up stalled
 around each failure. Nothing here talks to a process; the event log is the only input.
@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .. import views
-from ..telemetry import EventStore
-from ..telemetry.events import ReplicasIdentical, ReplicaState, RunStarted, RunStopped, Step
+from ... import views
+from ...telemetry import EventStore
+from ...telemetry.events import ReplicaState, ReplicasIdentical, RunStarted, RunStopped, Step
 from .recovery import Recovery, RecoveryTracker
 
 

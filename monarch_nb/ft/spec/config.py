@@ -25,7 +25,7 @@ from .platform import PLATFORMS
 from .respawn import RespawnPolicy
 
 # Llama 3 flavours: torchtitan 0.3.0's (torchtitan.models.llama3.llama3_configs) and monarch_nb's
-# "small" and "medium" (monarch_nb/ft/flavors.py), smallest first. Listed without importing
+# "small" and "medium" (monarch_nb/ft/spec/flavors.py), smallest first. Listed without importing
 # torchtitan (6 s) in the controller.
 MODELS = FLAVOR_NAMES
 JOBS = ("local", "process", "slurm", "kubernetes")
@@ -114,7 +114,7 @@ class RunConfig:
     Model and train step (torchtitan Llama 3):
         model: the flavour (default "debugmodel", 6.2M parameters): "tiny" (~0.4M), "debugmodel", "small"
             (~104M), "medium" (~409M) or torchtitan's "1B", "3B", "8B", "70B", "405B"
-            (see ``monarch_nb.ft.flavors``).
+            (see ``monarch_nb.ft.spec.flavors``).
         steps: train steps; each group stops after committing this many (None, default:
             train until ``stop()``). Also the length of the learning-rate schedule (10,000
             when None).
@@ -361,7 +361,7 @@ class RunConfig:
 
     def slurm_spec(self) -> Any:
         """What each group's SLURM allocation asks for (job="slurm")."""
-        from ..jobs.slurm import SlurmSpec
+        from ...jobs.slurm import SlurmSpec
 
         try:
             return SlurmSpec(partition=self.partition, time_limit=self.time_limit,
@@ -409,7 +409,7 @@ class RunConfig:
         (the number of replica groups), replica_id, min_replica_size, process_group,
         process_group_timeout_ms; ``[checkpoint]`` enable, interval, folder, keep_latest_k; and
         ``[monarch_nb]`` with any RunConfig field by name (``[monarch_nb.respawn]``,
-        ``[monarch_nb.env]`` for the nested ones). ``monarch_nb.ft.jobfile.SECTIONS`` is the
+        ``[monarch_nb.env]`` for the nested ones). ``monarch_nb.ft.spec.jobfile.SECTIONS`` is the
         full table. Anything else raises ``ValueError`` naming the section and key and what
         that section supports; so does a value of the wrong type, a field set twice, and a
         value ``validate()`` refuses (named by the file's key, e.g. ``[training] seq_len: ...``).

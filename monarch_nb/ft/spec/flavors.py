@@ -7,7 +7,7 @@ for runs of 16-32 groups on one machine), ``small``
 here from torchtitan's public model pieces exactly as torchtitan assembles its own flavours
 (same blocks, same initialisation; the test suite checks that our assembly of the
 debugmodel numbers is bit-identical to torchtitan's). Their vocabulary is 2048, the size of
-the tokenizer :mod:`~monarch_nb.ft.tinydata` builds, so every parameter is trained and a
+the tokenizer :mod:`~monarch_nb.ft.spec.tinydata` builds, so every parameter is trained and a
 heal moves only useful bytes.
 
 Nothing here imports torch or torchtitan at import time: the controller reads
@@ -74,7 +74,7 @@ DEBUGMODEL = Flavor(dim=256, n_layers=6, n_heads=16, vocab_size=2048, multiple_o
 
 def model_config(name: str, attn_backend: str = "flex") -> Any:
     """torchtitan's ``Llama3Model.Config`` for flavour ``name`` (ours or torchtitan's)."""
-    from .. import seam
+    from ... import seam
 
     seam.stub_triton_kernels()
     from torchtitan.models.llama3 import llama3_configs

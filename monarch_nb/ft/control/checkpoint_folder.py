@@ -1,4 +1,4 @@
-"""Which run a checkpoint folder belongs to, so that no run touches another run's state.
+"""A run's checkpoint folder, from the controller: whose it is, and its clean-up.
 
 A run writes its durable checkpoints into one folder (``RunConfig.checkpoint_dir``): by
 default ``<run_dir>/checkpoints``; a relative path is taken inside the run directory, as
@@ -9,18 +9,21 @@ written by the controller before the first save: a run refuses a folder another 
 (it would prune, overwrite and resume from that run's checkpoints), and ``FTRun.resume``
 refuses to continue from a folder that is not the run's own. Starting from another run's
 checkpoint is a separate, named act (``RunConfig.resume_from``), checked here against the
-model it was written for. Controller side only: workers just write where they are told.
+model it was written for. Once no writer is left, saves that never completed are removed
+(:func:`remove_torn`), so the newest directory of a stopped run is a complete checkpoint.
+Controller side only: workers just write where they are told (:mod:`..worker.checkpointer`).
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from .durable import CheckpointInfo, latest_complete, list_checkpoints
+from ..spec.checkpoint_format import META, CheckpointInfo, latest_complete, list_checkpoints
 
 MANIFEST = "manifest.json"
 
@@ -129,8 +132,6 @@ def read_fingerprint(checkpoint: CheckpointInfo) -> dict[str, Any]:
     """The model fingerprint (and writer's run id) a checkpoint's ``meta.pt`` records."""
     import torch
 
-    from .durable import META
-
     try:
         meta = torch.load(checkpoint.path / META, weights_only=False)
         return {**meta.get("fingerprint", {}), "run_id": meta.get("run_id")}
@@ -138,3 +139,14 @@ def read_fingerprint(checkpoint: CheckpointInfo) -> dict[str, Any]:
         raise ValueError(f"checkpoint: {checkpoint.path / META} cannot be read ({type(exc).__name__}: "
                          f"{str(exc)[:200]}); this checkpoint is damaged: move its directory away to use the "
                          "one before it") from None
+
+
+def remove_torn(root: str | Path) -> list[CheckpointInfo]:
+    """Remove checkpoint directories newer than the newest complete one (saves that never
+    finished: abandoned at a stop, or cut short by a kill). Call only when no writer is left.
+    Returns what was removed."""
+    newest = latest_complete(root)
+    torn = [c for c in list_checkpoints(root) if not c.complete and (newest is None or c.step > newest.step)]
+    for c in torn:
+        shutil.rmtree(c.path, ignore_errors=True)
+    return torn

@@ -1,7 +1,7 @@
 """The Monarch actor that is one rank of one replica group.
 
 ``TrainerActor.__init__`` runs in the worker process and builds the
-:class:`~monarch_nb.ft.replica_trainer.ReplicaTrainer` (model, optimizer, torchft Manager): patches
+:class:`~monarch_nb.ft.worker.replica_trainer.ReplicaTrainer` (model, optimizer, torchft Manager): patches
 and environment set in the controller do not reach workers, so everything happens here.
 Training runs in a thread of the actor so endpoints stay responsive: ``poll`` hands the
 controller the events produced since the last call plus the current state, ``inject``
@@ -22,7 +22,8 @@ from typing import Any
 
 from monarch.actor import Actor, current_rank, endpoint
 
-from .faults import FaultKind, fire, record_firing, refuse_corrupt_unless_striped
+from ..spec.faults import FaultKind, record_firing, refuse_corrupt_unless_striped
+from .fault_firing import fire
 
 # A group that reported ``failed`` is torn down by the controller within a poll interval;
 # should the controller be gone, the process ends itself after this long.

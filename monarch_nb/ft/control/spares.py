@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from ..telemetry.events import Event, SpareState
+from ...telemetry.events import Event, SpareState
 
 log = logging.getLogger(__name__)
 

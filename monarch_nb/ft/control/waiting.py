@@ -23,8 +23,8 @@ import time
 from collections import Counter
 from typing import Any
 
-from ..telemetry.events import Event, GaveUp, Rejoined, ReplicasIdentical, RunStopped, SpareState
-from .recovery import RecoveryTracker
+from ...telemetry.events import Event, GaveUp, Rejoined, ReplicasIdentical, RunStopped, SpareState
+from ..record.recovery import RecoveryTracker
 
 
 class ReplicasDiffer(RuntimeError):

@@ -10,7 +10,7 @@ from __future__ import annotations
 import threading
 from typing import Any, Callable
 
-from .. import seam
+from ... import seam
 
 
 class Placement:
@@ -99,7 +99,7 @@ class SlurmPlacement(Placement):
 
     def __init__(self, spec: Any) -> None:
         self.spec = spec
-        from ..jobs.slurm import controller_address
+        from ...jobs.slurm import controller_address
 
         # this machine's hostname resolves only to loopback (a one-machine cluster): bind the
         # address the nodes route to, which the Lighthouse then advertises

@@ -1,4 +1,5 @@
-"""Fault injection as a product feature: what can go wrong, when, and how a worker does it.
+"""Fault injection as a product feature: what can go wrong and when (plain data both sides read;
+a worker makes it happen with :mod:`monarch_nb.ft.worker.fault_firing`).
 
 A :class:`Fault` names a kind, a target (replica group, rank) and a trigger (a step number,
 or a delay in seconds). The controller validates it, the trainer actor arms it, and the
@@ -95,10 +96,6 @@ ENDS_PROCESS = {
 PHASES = ("quorum", "pg_setup", "heal_send", "heal_recv")
 
 
-class InjectedException(RuntimeError):
-    """What the ``exception`` fault raises inside the train step."""
-
-
 @dataclass(frozen=True)
 class Fault:
     kind: FaultKind
@@ -175,9 +172,6 @@ class FaultSchedule:
                 for replica in self._rng.sample(pool, count)]
 
 
-# ---- worker side ---------------------------------------------------------------------------
-
-
 def record_firing(log_path: str | None, info: dict[str, Any]) -> None:
     """Append one line to the run's fault log before firing (the process may die next)."""
     if not log_path:
@@ -192,39 +186,3 @@ def record_firing(log_path: str | None, info: dict[str, Any]) -> None:
             os.close(fd)
     except OSError:
         pass  # another host, read-only dir: the controller falls back to the injection time
-
-
-def hold_gil(seconds: float) -> None:
-    """Block the whole interpreter: one C call made with the GIL held (ctypes.PyDLL keeps it),
-    so no other Python thread of this process - endpoints included - runs until it returns."""
-    import ctypes
-
-    libc = ctypes.PyDLL(None)
-    libc.sleep.argtypes = [ctypes.c_uint]
-    libc.sleep(max(1, int(round(seconds))))
-
-
-def fire(kind: FaultKind, *, abort_comms: Any = None, hang_s: float = 30.0, corrupt_heal: Any = None) -> None:
-    """Make ``kind`` happen in this process, now. Only returns for ``comms``, ``hang`` and ``corrupt``."""
-    if kind is FaultKind.KILL:
-        os.kill(os.getpid(), signal.SIGKILL)
-    elif kind is FaultKind.SEGFAULT:
-        import ctypes
-
-        ctypes.string_at(0)  # NULL read: a genuine SIGSEGV
-    elif kind is FaultKind.EXIT:
-        os._exit(EXIT_CODE)
-    elif kind is FaultKind.EXCEPTION:
-        raise InjectedException("injected exception inside the train step")
-    elif kind is FaultKind.COMMS:
-        if abort_comms is None:
-            raise RuntimeError("comms fault needs the cross-replica process group")
-        abort_comms()
-    elif kind is FaultKind.HANG:
-        hold_gil(hang_s)
-    elif kind is FaultKind.CORRUPT:
-        if corrupt_heal is None:
-            raise RuntimeError("corrupt fault needs heal_transport='striped'")
-        corrupt_heal()
-    else:  # the cluster kinds never reach a worker
-        raise ValueError(f"kind: {kind.value!r} is done by the controller through the scheduler, not in a worker")

@@ -1,7 +1,7 @@
 """Supervision of replica groups: bring a group up, watch it, and bring it back when it fails.
 
 One thread per group polls its trainers (events and state) under a deadline and decides the
-group has failed in one of five ways (:class:`~monarch_nb.ft.groups.Failure`): Monarch
+group has failed in one of five ways (:class:`~monarch_nb.ft.control.groups.Failure`): Monarch
 supervision reports a dead process, our pid check finds one gone, a call to the trainer
 raises, the trainer reports a failure it survived (an exception in the step, aborted comms),
 or the group stays silent past ``hang_timeout_s``. Recovery happens in that group's thread
@@ -20,9 +20,9 @@ import threading
 import time
 from typing import Any, Callable
 
-from ..meshes import exit_status, gone, pid_alive
-from ..stacks import innermost_functions
-from ..telemetry.events import (
+from ...meshes import exit_status, gone, pid_alive
+from ...stacks import innermost_functions
+from ...telemetry.events import (
     Acquired,
     AllGroupsLost,
     CheckpointLoadFailed,
@@ -33,9 +33,9 @@ from ..telemetry.events import (
     TornDown,
     WorkerExitReported,
 )
-from .durable import latest_complete
-from .faults import ENDS_PROCESS
-from .config import RunConfig
+from ..spec.checkpoint_format import latest_complete
+from ..spec.config import RunConfig
+from ..spec.faults import ENDS_PROCESS
 from .groups import (
     FAILED,
     FINISHED,
@@ -52,11 +52,11 @@ from .groups import (
     GroupTable,
     ReplicaGroup,
 )
+from ..record.ingest import EventIngest, HashReport, HashSkipped, unseen
+from ..spec.platform import DEVICE_SLOT_ENV
 from .identity import IdentityChecks
-from .ingest import EventIngest, HashReport, HashSkipped, unseen
 from .placement import Placement
 from .policies import RecoveryPolicy, policy_for
-from .platform import DEVICE_SLOT_ENV
 from .spares import Spare, SparePool
 
 log = logging.getLogger(__name__)
@@ -685,7 +685,7 @@ def in_parallel(groups: list[ReplicaGroup], fn: Callable[[ReplicaGroup], Any], n
 
 
 def _trainer_class() -> type:
-    from .trainer_actor import TrainerActor  # imports monarch and torch; kept out of module import time
+    from ..worker.trainer_actor import TrainerActor  # imports monarch and torch; kept out of module import time
 
     return TrainerActor
 

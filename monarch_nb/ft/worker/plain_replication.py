@@ -6,62 +6,18 @@ checkpoints with torch DCP, and on any failure the whole job restarted from the 
 (torchelastic's answer). No Lighthouse, no Manager, no quorum per step: a plain job does not pay
 for them, so the race against peer recovery is against the old way at its best.
 
-:class:`PlainRendezvous` is the job's store, in the controller (where torchrun's c10d
-rendezvous would be). :class:`PlainReplication` is each rank's side: the few calls of torchft's
+This module is each rank's side (the job's store is the controller's,
+:mod:`..control.plain_rendezvous`): :class:`PlainReplication` makes the few calls of torchft's
 Manager that the trainer's step makes, so the step is the same code in every mode.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-SCHEME = "plain://"
-
-
-@dataclass(frozen=True)
-class PlainAddress:
-    """Where the job's store is and which start of the job this is: every restart of the job
-    is a new generation, whose process groups use their own keys in the same store."""
-
-    host: str
-    port: int
-    generation: int
-
-    def __str__(self) -> str:
-        return f"{SCHEME}{self.host}:{self.port}/{self.generation}"
-
-    @staticmethod
-    def parse(text: str) -> "PlainAddress":
-        if not text.startswith(SCHEME):
-            raise ValueError(f"not a plain_restart address: {text!r} (expected {SCHEME}HOST:PORT/GENERATION)")
-        hostport, _, generation = text[len(SCHEME):].partition("/")
-        host, _, port = hostport.rpartition(":")
-        return PlainAddress(host, int(port), int(generation or 0))
-
-
-def is_plain(address: str | None) -> bool:
-    return bool(address) and str(address).startswith(SCHEME)
-
-
-class PlainRendezvous:
-    """The job's TCPStore, served by the controller; workers connect as clients."""
-
-    def __init__(self, host: str) -> None:
-        from torch.distributed import TCPStore
-
-        self.host = host
-        self._store = TCPStore(host, 0, world_size=None, is_master=True, wait_for_workers=False,
-                               timeout=timedelta(seconds=60))
-        self.port = int(self._store.port)
-
-    def address(self, generation: int) -> str:
-        return str(PlainAddress(self.host, self.port, generation))
-
-    def stop(self) -> None:
-        self._store = None  # the listener closes with the store
+from ..spec.plain_address import PlainAddress
 
 
 class _Done:
