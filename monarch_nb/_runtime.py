@@ -4,7 +4,7 @@ Workers inherit the controller's environment, so Monarch's settings are set here
 supervision poll stays at Monarch's 10 s: each poll of each mesh leaves ~10 KB in the client
 that is never given back (bench/supervision_growth.py: 33 KB/s per mesh at 300 ms), and the
 session's own watcher finds a dead process on this machine within ~0.25 s by its pid (see
-``Session._watch``). gloo's loopback interface is set per mesh, only for hosts on this machine
+``FailureWatch.start``). gloo's loopback interface is set per mesh, only for hosts on this machine
 (``LOOPBACK_ENV``).
 Monarch's default ``unhandled_fault_hook`` exits the client (it would kill the notebook
 kernel when any worker dies); we replace it with a dispatcher that fans failures out to

@@ -4,21 +4,33 @@ Monarch's ``call()`` gathers a whole ValueMesh and can block forever when a rank
 mid-collective. Here the message goes out through Monarch's own ``send`` with a ranked
 port (a once port to a single actor), and replies are taken one at a time, as they arrive,
 against a deadline, so the caller learns exactly which ranks answered, which raised, and
-which were silent.
+which were silent. ``DeadlineMesh`` puts that behind Monarch's adverbs (``.call``, ``.stream``,
+...) for a whole actor mesh; it knows the session only through two callables it is given:
+which mesh owns the actors (its dead ranks are not waited for) and where a timeout is
+reported (``TimeoutReports``, which keeps the event log from growing an event per poll).
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import itertools
+import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
 
 from monarch.actor import Channel, send
 
 from . import seam
 from .errors import CallInterrupted, CallTimeout, RemoteError
+from .telemetry.events import CallTimedOut
+
+if TYPE_CHECKING:
+    from .meshes import MeshHandle
+    from .telemetry import EventStore
+
+TIMEOUT_EVENT_INTERVAL_S = 10.0
 
 
 @dataclass
@@ -203,3 +215,155 @@ def raise_for_outcome(result: MeshResult, timeout: float, failed_ranks: list[int
     if result.errors:
         raise RemoteError(result.endpoint, result.errors, dict(result.values))
     return result
+
+
+class TimeoutReports:
+    """One ``call_timed_out`` event per mesh and endpoint per ``TIMEOUT_EVENT_INTERVAL_S``; the
+    ones in between are counted in the next one's ``repeats`` (a poll loop against a silent rank
+    must not grow the event log by an event per poll). Its lock guards the counters."""
+
+    def __init__(self, events: "EventStore") -> None:
+        self.events = events
+        self._lock = threading.Lock()
+        self._last: dict[tuple[str, str], tuple[float, int]] = {}  # (mesh, endpoint) -> (last event, since)
+
+    def record(self, event: CallTimedOut) -> None:
+        now = time.monotonic()
+        key = (event.mesh, event.endpoint)
+        with self._lock:
+            last, suppressed = self._last.get(key, (None, 0))
+            if last is not None and now - last < TIMEOUT_EVENT_INTERVAL_S:
+                self._last[key] = (last, suppressed + 1)
+                return
+            self._last[key] = (now, 0)
+        self.events.append(dataclasses.replace(event, repeats=suppressed + 1))
+
+    def forget(self, meshes: Iterable[str]) -> None:
+        """Drop the counters of meshes taken down."""
+        gone = set(meshes)
+        with self._lock:
+            self._last = {k: v for k, v in self._last.items() if k[0] not in gone}
+
+
+class DeadlineEndpoint:
+    """One endpoint of a ``DeadlineMesh``: Monarch's adverbs, each bounded by the deadline."""
+
+    def __init__(self, view: "DeadlineMesh", name: str) -> None:
+        self._view, self._name = view, name
+        self._endpoint = getattr(view.actors, name)
+        self._label = f"{seam.actor_mesh_name(view.actors)}.{name}"
+
+    def _targets(self) -> "tuple[list[int], set[int], MeshHandle | None]":
+        """(global ranks of the view, those known dead, the owning mesh)."""
+        ranks = seam.actor_mesh_ranks(self._view.actors)
+        owner = self._view.owner_of(self._view.actors)
+        failed = set(owner.failed_ranks) & set(ranks) if owner else set()
+        return ranks, failed, owner
+
+    def gather(self, *args: Any, **kwargs: Any) -> MeshResult:
+        """Per-rank outcome without raising: values, errors, and ranks that stayed silent."""
+        view = self._view
+        ranks, failed, owner = self._targets()
+        local_live = [i for i, r in enumerate(ranks) if r not in failed]
+        index = {r: i for i, r in enumerate(ranks)}
+
+        def dead() -> set[int]:  # ranks that died during the call: stop waiting for them
+            return {index[r] for r in owner.failed_ranks if r in index} if owner else set()
+
+        try:
+            result = gather(self._endpoint, self._label, args, kwargs, local_live, view.timeout, dead,
+                            on_interrupt=view.on_interrupt, watch=view.watch, global_ranks=ranks,
+                            while_waiting=view.while_waiting, size=len(ranks))
+        except CallInterrupted as exc:
+            _to_global(exc.result, ranks, failed)
+            raise
+        _to_global(result, ranks, failed)
+        silent = sorted(set(result.missing) - set(owner.failed_ranks if owner else ()))
+        if silent and view.on_timeout is not None:  # ranks known dead are no news: recorded when they died
+            view.on_timeout(CallTimedOut(mesh=owner.name if owner else "?", endpoint=result.endpoint,
+                                         missing_ranks=silent, timeout_s=view.timeout))
+        return result
+
+    def call(self, *args: Any, **kwargs: Any) -> MeshResult:
+        result = self.gather(*args, **kwargs)
+        _, failed, _ = self._targets()
+        return raise_for_outcome(result, self._view.timeout, sorted(failed))
+
+    def call_one(self, *args: Any, **kwargs: Any) -> Any:
+        size = len(seam.actor_mesh_ranks(self._view.actors))
+        if size != 1:
+            raise ValueError(f"call_one needs a mesh of exactly one actor, this slice has {size}; "
+                             "slice it first, e.g. .slice(gpus=0)")
+        result = self.call(*args, **kwargs)
+        return next(iter(result.values.values()))
+
+    def choose(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return self._endpoint.choose(*args, **kwargs).get(timeout=self._view.timeout)
+        except TimeoutError:
+            raise CallTimeout(f"{self._label} (choose)", [], self._view.timeout) from None
+
+    def broadcast(self, *args: Any, **kwargs: Any) -> None:
+        self._endpoint.broadcast(*args, **kwargs)
+
+    def stream(self, *args: Any, **kwargs: Any) -> Iterator[Any]:
+        """Values in arrival order; raises the first rank's exception as ``RemoteError``, and
+        ``CallTimeout`` at the deadline naming the ranks that stayed silent."""
+        ranks, failed, _ = self._targets()
+        pending = {i for i, r in enumerate(ranks) if r not in failed}
+        for rank, ok, value in receive(self._endpoint, args, kwargs, len(pending), self._view.timeout,
+                                       size=len(ranks)):
+            pending.discard(rank)
+            if not ok:
+                raise RemoteError(self._label, {ranks[rank]: value}, {})
+            yield value
+        missing = sorted([ranks[i] for i in pending] + sorted(failed))
+        if missing:
+            raise CallTimeout(self._label, missing, self._view.timeout, failed_ranks=sorted(failed))
+
+
+def _no_owner(actors: Any) -> "MeshHandle | None":
+    return None
+
+
+class DeadlineMesh:
+    """``actors`` with a deadline on every call (``Session.deadline`` makes one).
+
+    Args:
+        actors: a Monarch actor mesh, or a slice of one.
+        timeout: seconds each call may wait for its replies.
+        owner_of: the mesh ``actors`` were spawned on (its ranks known dead are not waited
+            for), or None; default: none known.
+        on_timeout: told each call that found ranks silent past the deadline; default: nobody.
+        on_interrupt: called on Ctrl-C during a ``gather``/``call`` (to stop the ranks too).
+        watch: follows the progress of each ``gather``.
+        while_waiting: called with the pending ranks every second of a ``gather``.
+    """
+
+    def __init__(self, actors: Any, timeout: float, *,
+                 owner_of: "Callable[[Any], MeshHandle | None]" = _no_owner,
+                 on_timeout: Callable[[CallTimedOut], None] | None = None,
+                 on_interrupt: Callable[[], None] | None = None, watch: CallWatch | None = None,
+                 while_waiting: Callable[[set[int]], None] | None = None) -> None:
+        if timeout <= 0:
+            raise ValueError(f"timeout must be positive seconds, got {timeout!r}")
+        self.actors, self.timeout = actors, timeout
+        self.owner_of, self.on_timeout = owner_of, on_timeout
+        self.on_interrupt, self.watch, self.while_waiting = on_interrupt, watch, while_waiting
+
+    def __getattr__(self, name: str) -> DeadlineEndpoint:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return DeadlineEndpoint(self, name)
+
+    def slice(self, **dims: Any) -> "DeadlineMesh":
+        return DeadlineMesh(self.actors.slice(**dims), self.timeout, owner_of=self.owner_of,
+                            on_timeout=self.on_timeout, on_interrupt=self.on_interrupt, watch=self.watch)
+
+
+def _to_global(result: MeshResult, ranks: list[int], failed: set[int]) -> None:
+    """Report in the proc mesh's global ranks, and count known-dead ranks as missing."""
+    result.values = {ranks[i]: v for i, v in result.values.items()}
+    result.errors = {ranks[i]: e for i, e in result.errors.items()}
+    result.missing = sorted(set([ranks[i] for i in result.missing]) | failed)
+    result.ranks = ranks

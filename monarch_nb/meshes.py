@@ -2,9 +2,11 @@
 
 A ``MeshHandle`` wraps a real Monarch ``ProcMesh`` (and, when its hosts came from a job - a
 local ProcessJob, a SLURM allocation, Kubernetes pods - that allocation). Health is kept per
-process: ``refresh()`` checks the pids of a mesh on this machine (the session's watcher calls it
-4 times a second), and Monarch supervision marks a rank failed (see ``Session``), so ``status``
-is truthful even for a process that died while nothing was calling it.
+process: ``refresh()`` checks the pids of a mesh on this machine (``failure_watch`` calls it
+4 times a second), and Monarch supervision marks a rank failed (``FailureWatch``), so ``status``
+is truthful even for a process that died while nothing was calling it. Each handle's own lock
+guards its processes' ``state``, ``reason`` and ``accounts``. Starting and stopping meshes is
+``mesh_lifecycle``'s job.
 """
 
 from __future__ import annotations
@@ -12,9 +14,13 @@ from __future__ import annotations
 import socket
 import threading
 from dataclasses import dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import psutil
+
+if TYPE_CHECKING:
+    from .jobs import Allocation
 
 ALIVE, FAILED, STOPPED = "alive", "failed", "stopped"
 
@@ -61,7 +67,7 @@ class MeshHandle:
     shape: dict[str, int]
     proc_mesh: Any
     job: Any = None  # what Session.up was asked for (replace asks again)
-    allocation: Any = None  # monarch_nb.jobs.Allocation when the hosts came from a job
+    allocation: Allocation | None = None  # when the hosts came from a job
     env: dict[str, str] | None = None
     procs: list[ProcInfo] = field(default_factory=list)
     actors: dict[str, Any] = field(default_factory=dict)
@@ -69,11 +75,11 @@ class MeshHandle:
     actor_full_names: dict[str, str] = field(default_factory=dict)
     agent: Any = None
     stopped: bool = False
-    log_dir: Any = None  # pathlib.Path where the workers' output goes (Session.logs)
+    log_dir: Path | None = None  # where the workers' output goes (Session.logs)
     failure_action: str | None = None  # what the mesh's owner does when a rank fails (said in the notice)
     local: bool = True  # its processes run on this machine (their pids can be checked here)
     pid_watch: bool = True  # the session's watcher checks its pids (False: its owner does, naming the fault)
-    _lock: Any = field(default_factory=threading.Lock, repr=False, compare=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     @property
     def size(self) -> int:
@@ -107,6 +113,19 @@ class MeshHandle:
             if proc.state != ALIVE or self.stopped:
                 return False
             proc.state, proc.reason = FAILED, reason
+        return True
+
+    def first_account(self, rank: int, reason: str) -> bool:
+        """True the first time ``reason`` is given for ``rank`` (Monarch's hook repeats itself)
+        when it is not already the reason the rank was reported failed with; recorded in the
+        rank's ``accounts`` under the same lock as its state."""
+        if not 0 <= rank < len(self.procs):
+            return False
+        proc = self.procs[rank]
+        with self._lock:
+            if reason == proc.reason or reason in proc.accounts:
+                return False
+            proc.accounts.add(reason)
         return True
 
     def gone_here(self) -> list[ProcInfo]:

@@ -14,14 +14,17 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import MonarchNbError
-from .worker_logs import STACK_SIGNAL
+from .meshes import ALIVE, MeshHandle, ProcInfo, pid_alive
+from .worker_logs import STACK_SIGNAL, log_path
 
 
 class StackError(MonarchNbError):
@@ -92,6 +95,51 @@ def read_stack(label: str, pid: int, log_file: str | Path | None = None) -> Stac
             return Stack(label, pid, faulthandler_dump(pid, log_file), "faulthandler")
         except (StackError, OSError) as second:
             raise StackError(f"{first}; the fallback failed too: {second}") from None
+
+
+def read_mesh(handle: MeshHandle, ranks: list[int] | None = None) -> list[Stack]:
+    """Every chosen rank's stack (``Session.stacks``), read in parallel. Ranks named in
+    ``ranks`` must exist and be alive; with no ``ranks``, dead ones are listed as such."""
+    chosen = list(range(handle.size)) if ranks is None else list(ranks)
+    local = socket.gethostname()
+    plan: list[tuple[str, ProcInfo]] = []
+    out: dict[int, Stack] = {}
+    for rank in chosen:
+        if not isinstance(rank, int) or not 0 <= rank < handle.size:
+            raise ValueError(f"rank {rank} is not in mesh {handle.name!r} (ranks 0..{handle.size - 1})")
+        proc = handle.procs[rank]
+        label = f"{handle.name} rank {rank}"
+        why = None
+        if proc.state != ALIVE or (proc.pid and proc.host == local and not pid_alive(proc.pid)):
+            why = f"{label} is {proc.state if proc.state != ALIVE else 'gone'}" + (
+                f" ({proc.reason})" if proc.reason else "") + ": a dead process has no stack"
+        elif proc.host != local:
+            why = (f"{label} runs on host {proc.host}: stacks are read from this machine's processes; on "
+                   f"{proc.host} run `py-spy dump --pid {proc.pid}`")
+        if why is not None:
+            if ranks is not None:
+                raise StackError(why)
+            out[rank] = Stack(label, proc.pid or 0, why, "unavailable")
+            continue
+        plan.append((label, proc))
+    errors: dict[int, BaseException] = {}
+
+    def read(label: str, proc: ProcInfo) -> None:
+        try:
+            out[proc.rank] = read_stack(label, proc.pid or 0, log_path(handle.log_dir, handle.name, proc.rank))
+        except StackError as exc:
+            errors[proc.rank] = exc
+
+    threads = [threading.Thread(target=read, args=item, daemon=True) for item in plan]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors and len(errors) == len(plan):
+        raise next(iter(errors.values()))
+    for rank, exc in errors.items():
+        out[rank] = Stack(f"{handle.name} rank {rank}", handle.procs[rank].pid or 0, str(exc), "unavailable")
+    return [out[r] for r in sorted(out)]
 
 
 _NOISE = re.compile(r"(Process \d+:.*|Python v[\d.]+.*|\(idle\)|0x[0-9a-f]+|pid \d+|Thread \d+)")

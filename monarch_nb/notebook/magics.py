@@ -137,7 +137,7 @@ class MonarchMagics(Magics):
 
     @property
     def session(self) -> Session:
-        if self._session is None or self._session._closed:
+        if self._session is None or self._session.closed:
             self._session = current_session()
             notices.watch_session(self._session)
         return self._session
