@@ -13,7 +13,8 @@ import pytest
 
 from monarch_nb.ft import open_run
 from monarch_nb.telemetry import EventStore
-from monarch_nb.telemetry.events import RunStopped, Step, UnknownEvent, event_from_dict
+from monarch_nb.telemetry.decode import event_from_dict
+from monarch_nb.telemetry.events import RunStopped, Step, UnknownEvent
 from monarch_nb.telemetry.store import MAX_LINE_BYTES, SKIPPED_KEPT, NotAnEventLog
 
 REPO = Path(__file__).resolve().parent.parent

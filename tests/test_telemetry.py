@@ -3,7 +3,8 @@ import json
 import pytest
 
 from monarch_nb.telemetry import EventStore
-from monarch_nb.telemetry.events import Healed, Step, UnknownEvent, WorkerFailed, event_from_dict
+from monarch_nb.telemetry.decode import event_from_dict
+from monarch_nb.telemetry.events import Healed, Step, UnknownEvent, WorkerFailed
 
 
 def test_events_round_trip_through_jsonl(tmp_path):

@@ -25,7 +25,8 @@ import time
 from pathlib import Path
 from typing import BinaryIO, Callable, Iterator
 
-from .events import Event, event_from_dict
+from .decode import event_from_dict
+from .events import Event
 
 Observer = Callable[[Event], None]
 
