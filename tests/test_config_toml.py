@@ -250,7 +250,7 @@ def test_our_assembly_of_the_debugmodel_numbers_is_torchtitans_debugmodel_bit_fo
 
 
 def test_the_small_flavour_builds_in_a_trainer_and_takes_two_steps_on_cpu():
-    """~8 s and ~2.7 GB here: ReplicaTrainer._build_model builds "small" (104M), then two
+    """~8 s and ~2.7 GB here: ReplicaTrainer's RankParts builds "small" (104M), then two
     plain optimizer steps on the tiny corpus lower the loss."""
     import torch
 
@@ -260,15 +260,15 @@ def test_the_small_flavour_builds_in_a_trainer_and_takes_two_steps_on_cpu():
     trainer = ReplicaTrainer({"model": "small", "platform": "cpu", "threads_per_proc": 2, "steps": 10},
                              replica=None, rank=0, group_size=1, lighthouse=None, store_port=None,
                              data_dir=str(ensure_tinydata()), emit=lambda e: None)
-    assert sum(p.numel() for p in trainer.model.parameters()) == 103_834_368
-    trainer.replica = 0
+    parts = trainer.parts
+    assert sum(p.numel() for p in parts.model.parameters()) == 103_834_368
     losses = []
     for step in (1, 1):  # the same batch twice: the second loss must be lower
-        inputs, labels = trainer.batch(step)
-        trainer.optimizers.zero_grad()
-        loss, _ = trainer.loss_fn(trainer.model(inputs), labels, torch.tensor(labels.numel()))
+        inputs, labels = parts.batch(step, replica=0)
+        parts.optimizers.zero_grad()
+        loss, _ = parts.loss_fn(parts.model(inputs), labels, torch.tensor(labels.numel()))
         loss.backward()
-        trainer.optimizers.step()
-        trainer.lr_schedulers.step()
+        parts.optimizers.step()
+        parts.lr_schedulers.step()
         losses.append(float(loss.detach()))
     assert all(torch.isfinite(torch.tensor(losses))) and losses[1] < losses[0]

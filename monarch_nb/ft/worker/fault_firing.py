@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import signal
-from typing import Any
+from typing import Callable
 
 from ..spec.faults import EXIT_CODE, FaultKind
 
@@ -29,7 +29,8 @@ def hold_gil(seconds: float) -> None:
     libc.sleep(max(1, int(round(seconds))))
 
 
-def fire(kind: FaultKind, *, abort_comms: Any = None, hang_s: float = 30.0, corrupt_heal: Any = None) -> None:
+def fire(kind: FaultKind, *, abort_comms: Callable[[], None] | None = None, hang_s: float = 30.0,
+         corrupt_heal: Callable[[], None] | None = None) -> None:
     """Make ``kind`` happen in this process, now. Only returns for ``comms``, ``hang`` and ``corrupt``."""
     if kind is FaultKind.KILL:
         os.kill(os.getpid(), signal.SIGKILL)

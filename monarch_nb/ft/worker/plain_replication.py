@@ -7,17 +7,23 @@ checkpoints with torch DCP, and on any failure the whole job restarted from the 
 for them, so the race against peer recovery is against the old way at its best.
 
 This module is each rank's side (the job's store is the controller's,
-:mod:`..control.plain_rendezvous`): :class:`PlainReplication` makes the few calls of torchft's
-Manager that the trainer's step makes, so the step is the same code in every mode.
+:mod:`..control.plain_rendezvous`): :class:`PlainReplication` is one of the two
+:class:`~.replication.Replication` classes the trainer's step talks to (torchft's is the other),
+so the step is the same code in every mode.
 """
 
 from __future__ import annotations
 
 import time
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Callable
 
 from ..spec.plain_address import PlainAddress
+from .replication import MustWait, Replication, StepQuorum
+
+if TYPE_CHECKING:
+    import torch
+    from torch.distributed import ProcessGroup
 
 
 class _Done:
@@ -25,7 +31,7 @@ class _Done:
         return True
 
 
-class PlainReplication:
+class PlainReplication(Replication):
     """One rank's share of the job-wide data parallelism: ranks at the same position of every
     group average their gradients (the replicate dimension of HSDP). The process group is built
     at the first step (every rank of the job must arrive: the rendezvous). A failed collective
@@ -33,18 +39,27 @@ class PlainReplication:
     restarts the whole job."""
 
     def __init__(self, address: str, replica: int, rank: int, replicas: int, timeout: timedelta,
-                 backend: str, phase: Any) -> None:
+                 backend: str, phase: Callable[[str], None]) -> None:
         self.address = PlainAddress.parse(address)
         self.replica, self.rank, self.replicas = replica, rank, replicas
         self._timeout, self._backend, self._phase = timeout, backend, phase
-        self._pg: Any = None
+        self._pg: ProcessGroup | None = None
         self._error: BaseException | None = None
         self._step = 0
         self.rendezvous_s: float | None = None
 
-    # ---- the Manager calls the step makes ---------------------------------------------------
+    # ---- what the step asks ------------------------------------------------------------------
 
-    def start_quorum(self) -> None:
+    def start(self, last_commit: tuple[int, float] | None) -> StepQuorum | MustWait:
+        """Join the job's process group at the first step; once a collective failed (a peer
+        died), stop stepping - the controller restarts the whole job, and this rank's failure
+        report would blame the wrong process. The lowest group saves durable checkpoints."""
+        self._join()
+        if self._error is not None:
+            return MustWait("waiting_for_restart", {"error": str(self._error)[:200]})
+        return StepQuorum(participants=self.replicas, quorum_id=None, healed=False, saver=self.replica == 0)
+
+    def _join(self) -> None:
         """Join the job's process group once; a rendezvous that fails (a peer never came) is
         recorded like a failed collective, not raised."""
         if self._pg is None and self._error is None:
@@ -67,7 +82,7 @@ class PlainReplication:
             self._pg = dist.ProcessGroupGloo(prefixed, self.replica, self.replicas, self._timeout)
         self.rendezvous_s = time.time() - t0
 
-    def allreduce(self, tensor: Any) -> _Done:
+    def allreduce(self, tensor: torch.Tensor) -> _Done:
         """Average ``tensor`` over the groups in place; a failure is recorded, not raised."""
         if self._error is not None or self._pg is None:
             return _Done()
@@ -90,14 +105,8 @@ class PlainReplication:
     def current_step(self) -> int:
         return self._step
 
-    def num_participants(self) -> int:
-        return self.replicas
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self._step = int(state["step"])
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"step": self._step, "batches_committed": 0}
+    def restore_step(self, step: int) -> None:
+        self._step = int(step)
 
     def abort(self) -> None:
         """The ``comms`` fault: this rank's communicator is gone for good."""
@@ -109,5 +118,5 @@ class PlainReplication:
             except Exception:  # noqa: BLE001
                 pass
 
-    def shutdown(self, wait: bool = False) -> None:
+    def shutdown(self) -> None:
         self._pg = None

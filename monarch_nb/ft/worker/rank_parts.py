@@ -1,0 +1,204 @@
+"""What one rank of a replica group is made of: device, group store, model, optimizer, schedule, data.
+
+Built once per worker process, before the rank knows whether it is a replica or a warm spare:
+this is the expensive part (imports, model construction), and nothing in it depends on torchft.
+It assembles torchtitan components rather than driving torchtitan's ``Trainer``: the Llama 3
+model and its FSDP ``parallelize_llama`` (when the group has more than one process),
+``OptimizersContainer``, ``LRSchedulersContainer``, ``CrossEntropyLoss`` and
+``HuggingFaceTokenizer``. Every replica seeds its initial weights alike, and data is a pure
+function of (step, replica, rank), so a healed group needs no data-loader state to read exactly
+the batch its peers read.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from datetime import timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ... import seam
+from ..spec.platform import DEVICE_SLOT_ENV, Platform, select_platform
+
+if TYPE_CHECKING:
+    import torch
+    from torch.distributed import ProcessGroup, TCPStore
+    from torchtitan.components.loss import BaseLoss
+    from torchtitan.components.optimizer import LRSchedulersContainer, OptimizersContainer
+    from torchtitan.components.tokenizer import HuggingFaceTokenizer
+    from torchtitan.distributed import ParallelDims
+
+
+class RankParts:
+    """Everything one rank trains with, built in ``__init__`` (in this order: platform and
+    device, the group's store, model, optimizer and schedule, data).
+
+    Args:
+        cfg: the run's config dict (``RunConfig`` as the worker receives it).
+        replica: the group this rank belongs to; ``None`` for a warm spare (it takes the GPUs
+            after the groups' on a shared host).
+        rank: this process's rank within its group.
+        group_size: processes per group (FSDP shards the model across them when more than 1).
+        store_port: the group's TCP store port (rank 0 opens it: ``None`` picks a free one).
+        data_dir: the tokenizer and ``corpus.jsonl``.
+    """
+
+    def __init__(self, cfg: dict[str, Any], *, replica: int | None, rank: int, group_size: int,
+                 store_port: int | None, data_dir: str) -> None:
+        self.cfg, self.rank, self.group_size = cfg, rank, group_size
+        seam.stub_triton_kernels()
+        import torch
+
+        torch.set_num_threads(int(cfg.get("threads_per_proc", 1)))
+        self.platform: Platform = select_platform(cfg.get("platform", "auto"), backend=cfg.get("backend"))
+        # Groups on one host take GPUs one after another: slot = the group's index (a spare's
+        # comes after the groups'), set by the supervisor for the mesh it brings up.
+        slot = int(os.environ.get(DEVICE_SLOT_ENV, replica or 0))
+        self.device: torch.device = self.platform.device(slot * group_size + rank)
+        if self.platform.device_type == "cuda":
+            torch.cuda.set_device(self.device)
+        seam.set_torchtitan_device(self.platform.device_type)
+        self._open_store(store_port)
+        # Durable checkpoints' own gloo group (FSDP groups only; see _shard).
+        self.ckpt_pg: ProcessGroup | None = None
+        self.model, self.parallel_dims = self._build_model()
+        self._build_optim()
+        self._build_data(data_dir)
+
+    def _open_store(self, store_port: int | None) -> None:
+        """The group's TCP store (rank 0 hosts it): the in-group process group and the torchft
+        Manager connect through it. ``host`` is this node's address as peers reach it."""
+        from torch.distributed import TCPStore
+
+        host = self.cfg.get("advertise_host") or "127.0.0.1"
+        if host == "auto":  # this node's own address, as the other nodes resolve its name
+            host = socket.gethostbyname(socket.gethostname())
+        store_host = "127.0.0.1" if self.cfg.get("job", "local") == "local" else host
+        if self.rank == 0:
+            self.store: TCPStore = TCPStore(store_host, store_port or 0, world_size=None, is_master=True,
+                                            wait_for_workers=False, timeout=timedelta(seconds=60))
+        else:
+            self.store = TCPStore(store_host, store_port, is_master=False, wait_for_workers=False,
+                                  timeout=timedelta(seconds=60))
+        self.store_port: int = self.store.port
+        self.store_host: str = store_host
+        self.host: str = host
+
+    def _build_model(self) -> tuple[torch.nn.Module, ParallelDims | None]:
+        import torch
+        from torchtitan.models.common import ScaledDotProductAttention
+
+        from ..spec.flavors import model_config
+
+        # torchtitan's flavours, or monarch_nb's "small"/"medium" (monarch_nb/ft/spec/flavors.py).
+        model_cfg = model_config(self.cfg.get("model", "debugmodel"), attn_backend="flex")
+        # FlexAttention has no CPU backward and varlen no CPU kernel: the SDPA inner attention
+        # (causal, no document masks) works everywhere. Our sequences are packed windows.
+        for layer in model_cfg.layers:
+            layer.attention.inner_attention = ScaledDotProductAttention.Config()
+        self.vocab_size: int = model_cfg.vocab_size
+        torch.manual_seed(int(self.cfg.get("seed", 0)))  # identical init on every replica
+        with torch.device("meta"):
+            model = model_cfg.build()
+        dims = None
+        if self.group_size > 1:
+            dims = self._shard(model)
+        model.to_empty(device=self.device)
+        with torch.no_grad():
+            model.init_states(buffer_device=None)
+        model.train()
+        return model, dims
+
+    def _shard(self, model: torch.nn.Module) -> ParallelDims:
+        """FSDP inside the group, through torchtitan's own parallelize_llama."""
+        import torch.distributed as dist
+        from torch.distributed import PrefixStore
+
+        from torchtitan.config import CompileConfig, ParallelismConfig, TrainingConfig
+        from torchtitan.distributed import ParallelDims
+        from torchtitan.models.llama3 import parallelize_llama
+
+        if not dist.is_initialized():
+            dist.init_process_group(backend=self.platform.backend, store=PrefixStore("monarch_nb/group", self.store),
+                                    rank=self.rank, world_size=self.group_size,
+                                    timeout=timedelta(seconds=float(self.cfg.get("pg_timeout_s", 10)) * 6))
+        os.environ.setdefault("WORLD_SIZE", str(self.group_size))
+        # Durable checkpoints write from a background thread: their collectives get their own
+        # gloo group, never the one training is using at the same time.
+        self.ckpt_pg = dist.new_group(backend="gloo")
+        parallelism = ParallelismConfig(data_parallel_shard_degree=self.group_size, spmd_backend="partial_dtensor")
+        dims = ParallelDims.from_config(parallelism, self.group_size)
+        dims.build_mesh()
+        training = TrainingConfig(local_batch_size=int(self.cfg.get("batch_size", 2)),
+                                  seq_len=int(self.cfg.get("seq_len", 64)), mixed_precision_param="float32")
+        parallelize_llama(model, parallel_dims=dims, training=training, parallelism=parallelism,
+                          compile_config=CompileConfig(), ac_config=None, dump_folder="")
+        if self.platform.backend == "gloo":
+            # gloo rejects ReduceOp.PREMUL_SUM, FSDP's default gradient reduce-scatter op.
+            from torch.distributed.fsdp import FSDPModule
+
+            for module in model.modules():
+                if isinstance(module, FSDPModule):
+                    module.set_force_sum_reduction_for_comms(True)
+        return dims
+
+    def _build_optim(self) -> None:
+        from torchtitan.components.loss import CrossEntropyLoss
+        from torchtitan.components.optimizer import LRSchedulersContainer, OptimizersContainer, default_adamw
+        from torchtitan.components.optimizer.utils import init_optim_state
+
+        lr = float(self.cfg.get("lr", 8e-4))
+        groups = default_adamw(lr=lr).param_groups
+        self.optimizers: OptimizersContainer = OptimizersContainer.Config(
+            param_groups=groups, implementation="for-loop").build(model_parts=[self.model])
+        for opt in self.optimizers.optimizers:
+            init_optim_state(opt)  # state tensors exist before any heal loads into them
+        steps = self.cfg.get("steps") or 10_000
+        self.lr_schedulers: LRSchedulersContainer = LRSchedulersContainer.Config(
+            warmup_steps=int(self.cfg.get("warmup_steps", 2)), decay_ratio=0.8, decay_type="linear",
+            min_lr_factor=0.1).build(optimizers=self.optimizers, training_steps=int(steps))
+        self.loss_fn: BaseLoss = CrossEntropyLoss.Config(global_vocab_size=self.vocab_size).build()
+
+    def _build_data(self, data_dir: str) -> None:
+        import torch
+        from torchtitan.components.tokenizer import HuggingFaceTokenizer
+
+        self.tokenizer: HuggingFaceTokenizer = HuggingFaceTokenizer(tokenizer_path=data_dir)
+        ids: list[int] = []
+        with open(Path(data_dir) / "corpus.jsonl", encoding="utf-8") as f:
+            for line in f:
+                ids.extend(self.tokenizer.encode(json.loads(line)["text"], add_bos=True, add_eos=True))
+        self.tokens: torch.Tensor = torch.tensor(ids, dtype=torch.long)
+        if int(self.tokens.max()) >= self.vocab_size:
+            raise ValueError(f"tokenizer produced id {int(self.tokens.max())} >= model vocab {self.vocab_size}")
+        self.batch_size = int(self.cfg.get("batch_size", 2))
+        self.seq_len = int(self.cfg.get("seq_len", 64))
+
+    def batch(self, step: int, replica: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The (inputs, labels) of ``step`` for ``replica`` and this rank: a pure function."""
+        import torch
+
+        replicas = int(self.cfg.get("replicas", 1))
+        lanes = replicas * self.group_size
+        lane = replica * self.group_size + self.rank
+        span = self.seq_len + 1
+        usable = self.tokens.numel() - span
+        rows = []
+        for b in range(self.batch_size):
+            start = (((step * lanes + lane) * self.batch_size + b) * span * 7919) % usable
+            rows.append(self.tokens[start:start + span])
+        window = torch.stack(rows).to(self.device)
+        return window[:, :-1], window[:, 1:]
+
+    def named_optim_state(self) -> list[tuple[str, torch.nn.Parameter, torch.optim.Optimizer]]:
+        """(a stable name, parameter, its optimizer) for every parameter each optimizer steps:
+        the keys heals, durable checkpoints and digests agree on."""
+        names = {id(p): n for n, p in self.model.named_parameters()}
+        out = []
+        for oi, opt in enumerate(self.optimizers.optimizers):
+            for group in opt.param_groups:
+                for p in group["params"]:
+                    out.append((f"{oi}/{names[id(p)]}", p, opt))
+        return out

@@ -1,0 +1,263 @@
+"""The torchft side of a rank: its Manager, quorum by quorum, and what it does when a peer fails.
+
+torchft's ``Manager`` drives every step with a *synchronous* quorum: ``start_quorum`` heals a
+recovering group before the forward pass (torchtitan 0.3.0's async quorum read the state dict
+during the forward pass and crashed on CPU), then the step averages gradients with
+``Manager.allreduce`` and asks ``should_commit``. This module owns the Manager and what is
+around it: the cross-replica process group, the heal transport (``heal_choice.py``), the quorum
+recorder (reported as ``quorum`` and ``healed`` events), and the answers to failures that are a
+peer's doing (a quorum that timed out, one whose process group could not be built): keep this
+group's process and state and ask again, rebuilding the Manager only when a new quorum needs it.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any, Callable
+
+from ... import seam
+from ..spec.config import refuse_exposure
+from .heal_choice import HealLog, choose_transport
+from .rank_parts import RankParts
+from .rank_state import RankState
+from .replication import NoStep, Replication, StepQuorum, Waitable
+
+if TYPE_CHECKING:
+    import torch
+    from torchft import Manager
+    from torchft.checkpointing.transport import CheckpointTransport
+    from torchft.process_group import ProcessGroup
+
+    from .heal_transport import QuorumPeers
+
+
+def _replica_index(replica_id: str) -> int | None:
+    """'replica_2:uuid' -> 2."""
+    head = replica_id.split(":", 1)[0]
+    digits = ""
+    for ch in reversed(head):
+        if not ch.isdigit():
+            break
+        digits = ch + digits
+    return int(digits) if digits else None
+
+
+class TorchftReplication(Replication):
+    """Rank ``parts.rank`` of group ``replica`` under a torchft Manager that joins the
+    Lighthouse at ``lighthouse``; heals load into ``state``. ``phase`` is called with the name
+    of each phase of a quorum or heal this rank enters; ``emit`` takes events."""
+
+    def __init__(self, parts: RankParts, state: RankState, *, replica: int, lighthouse: str,
+                 phase: Callable[[str], None], emit: Callable[[dict[str, Any]], None]) -> None:
+        self.parts, self.state, self.cfg = parts, state, parts.cfg
+        self.replica, self.rank, self.lighthouse = replica, parts.rank, lighthouse
+        self._phase, self._emit = phase, emit
+        self._comms_retries = 0
+        self._retry_quorum_id: int | None = None  # the quorum whose process group could not be built
+        self._last_quorum_id: int | None = None
+        self.manager: Manager = self._build_manager()
+        self.quorum_recorder = seam.record_quorums(self.manager)
+
+    # ---- the Manager and what it is built with --------------------------------------------------
+
+    def _build_manager(self) -> Manager:
+        import torchft
+
+        from .heal_transport import QuorumPeers, interface_address
+
+        timeout = timedelta(seconds=float(self.cfg.get("pg_timeout_s", 10)))
+        if self.parts.platform.backend == "nccl":
+            pg: ProcessGroup = torchft.ProcessGroupNCCL(timeout=timeout)
+        else:
+            pg = torchft.ProcessGroupGloo(timeout=timeout)
+        configure = pg.configure
+
+        def configure_in_phase(store_addr: str, replica_id: str, rank: int, world_size: int,
+                               *args: Any, **kwargs: Any) -> Any:  # the quorum's process group is built
+            self._phase("pg_setup")
+            out = configure(store_addr, replica_id, rank, world_size, *args, **kwargs)
+            self._heal_peers.join(store_addr, rank, world_size)
+            return out
+
+        pg.configure = configure_in_phase  # type: ignore[method-assign]
+        self.ft_pg = pg
+        self._heal_peers: QuorumPeers = QuorumPeers(timeout)
+        host = heal_host = self.parts.host
+        if self.cfg.get("heal_interface"):
+            heal_host = interface_address(self.cfg["heal_interface"])
+            refuse_exposure("heal_interface", f"{self.cfg['heal_interface']!r} (address {heal_host})", heal_host,
+                            self.cfg.get("job", "local"), bool(self.cfg.get("expose")))
+        self.transport: CheckpointTransport[Any] = choose_transport(
+            str(self.cfg.get("heal_transport") or "striped"), heal_host, pg, timeout, device=self.parts.device,
+            serve=lambda: self.manager._manager_state_dict(), peers=self._heal_peers, replica=self.replica,
+            streams=int(self.cfg.get("heal_streams") or 4))
+        self.heals = HealLog(self.transport, self._phase, self._emit, self.replica, self.rank)
+        return torchft.Manager(
+            pg=pg,
+            load_state_dict=self.state.load_state_dict,
+            state_dict=self.state.state_dict,
+            min_replica_size=int(self.cfg.get("min_replicas", 1)),
+            use_async_quorum=False,
+            timeout=timeout,
+            quorum_timeout=timedelta(seconds=float(self.cfg.get("quorum_timeout_s", 10))),
+            connect_timeout=timedelta(seconds=30),
+            rank=self.rank,
+            world_size=self.parts.group_size,
+            store_addr=self.parts.store_host,
+            store_port=self.parts.store_port,
+            lighthouse_addr=self.lighthouse,
+            replica_id=f"replica_{self.replica}",
+            hostname=host,
+            heartbeat_interval=timedelta(milliseconds=100),
+            checkpoint_transport=self.transport,
+            init_sync=False,  # every replica starts from the same seed; hashes prove it
+        )
+
+    def _new_manager(self, after_timeout: bool = False) -> None:
+        """A fresh torchft Manager with this replica's step: after a quorum request timed out,
+        torchft 0.2.0's Manager fails every later request at once (seen when the Lighthouse died
+        and came back on the same address), while model, optimizer and step are all intact
+        here. The new Manager joins the next quorum of a restarted Lighthouse as the same step,
+        so no group loses its state or restarts."""
+        state = self.manager.state_dict()
+        if after_timeout:  # its quorum request may still count at the Lighthouse (seam.retire_manager)
+            seam.retire_manager(self.manager, timedelta(milliseconds=int(self.cfg.get("heartbeat_timeout_ms", 1000))))
+        else:  # it got its quorum: nothing of it waits at the Lighthouse
+            try:
+                seam.shutdown_manager(self.manager)
+            except Exception:  # noqa: BLE001
+                pass
+        self.manager = self._build_manager()
+        self.manager.load_state_dict(state)
+        self.quorum_recorder = seam.record_quorums(self.manager)
+        self._last_quorum_id = None
+
+    # ---- a step's quorum ------------------------------------------------------------------------
+
+    def start(self, last_commit: tuple[int, float] | None) -> StepQuorum | NoStep:
+        try:
+            self.manager.start_quorum()
+        except TimeoutError as exc:
+            # No quorum in quorum_timeout_s: the Lighthouse is gone (a request in flight to a
+            # Lighthouse that died never completes) or too few groups are alive. Not this
+            # group's failure: report it and ask again - a restarted Lighthouse answers.
+            self._emit({"kind": "quorum_timeout", "replica": self.replica, "rank": self.rank,
+                        "error": str(exc)[:200], "t": time.time()})
+            self._new_manager(after_timeout=True)
+            return NoStep({"kind": "quorum_timeout", "step": self.manager.current_step(), "committed": False},
+                          manager_replaced=True)
+        except Exception as exc:  # noqa: BLE001 - the quorum machinery failed: a peer's doing
+            return self._comms_retry(f"the quorum failed: {type(exc).__name__}: {exc}", rebuild=True,
+                                     request_may_linger=True)
+        if self._last_quorum_id is not None and seam.process_group_is_down(self.ft_pg):
+            # The quorum formed, but building its process group failed: a member died while we
+            # connected to it (a store key that never came, a gloo connect timeout). Our state
+            # and step are intact; a peer's death is not our fault. The next quorum, without the
+            # dead member, has a new id and torchft builds a new group for it; only when the same
+            # quorum comes back (nobody left it) is our Manager rebuilt to force a new one.
+            q = self.quorum_recorder.last
+            qid = q.quorum_id if q is not None else None
+            same, self._retry_quorum_id = qid is not None and qid == self._retry_quorum_id, qid
+            return self._comms_retry(self._pg_error() or "the cross-replica process group could not be built",
+                                     rebuild=same)
+        self._comms_retries, self._retry_quorum_id = 0, None
+        offer = getattr(self.transport, "offer", None)
+        if offer is not None and self.manager.errored() is None:
+            # Any member of the quorum may serve a peer that heals at this step (a striped heal
+            # fetches from all of them); torchft itself offers only on the donor it picked.
+            offer(self.manager.current_step(), self.manager._manager_state_dict)  # read only if asked
+        q = self.quorum_recorder.last
+        participants = self.manager.num_participants()
+        if q is not None and q.quorum_id != self._last_quorum_id:
+            self._last_quorum_id = q.quorum_id
+            members = [_replica_index(r) for r in q.replica_ids]
+            # The quorum's store (which every member's process group connects through) is one
+            # member's group store: "store" names it, "own_store" is ours, so the controller can
+            # tell whose node a quorum depends on.
+            self._emit({"kind": "quorum", "quorum_id": int(q.quorum_id), "participants": members,
+                        "store": str(q.store_address),
+                        "own_store": f"{self.parts.store_host}:{self.parts.store_port}",
+                        "replica": self.replica, "rank": self.rank, "t": time.time()})
+        healed = self._report_heal(q, last_commit)  # q: torchft's QuorumResult (its private _torchft)
+        return StepQuorum(participants, self._last_quorum_id, healed, self._is_saver(q))
+
+    def _report_heal(self, q: Any, last_commit: tuple[int, float] | None) -> bool:
+        """The ``healed`` event, when this quorum healed us; True if it did."""
+        info = self.state.take_healed()
+        if info is None:
+            return False
+        recv = self.heals.take() or {}
+        src = None
+        if q is not None and q.recover_src_replica_rank is not None:
+            ids = list(q.replica_ids)
+            if 0 <= q.recover_src_replica_rank < len(ids):
+                src = _replica_index(ids[q.recover_src_replica_rank])
+        # Where we were before the heal: a group that was never failed heals because quorums
+        # went on without it (on a starved host its heartbeats or its quorum request came late).
+        last_step, last_t = last_commit or (None, None)
+        self._emit({"kind": "healed", "replica": self.replica, "rank": self.rank,
+                    "step": self.manager.current_step(), "bytes": info["bytes"],
+                    "seconds": recv.get("seconds", 0.0) + info["apply_seconds"], "apply_s": info["apply_seconds"],
+                    "source_replica": src, "from_step": last_step, **recv.get("striped", {}),
+                    "unheard_s": None if last_t is None else time.time() - last_t, "t": time.time()})
+        return True
+
+    def _is_saver(self, q: Any) -> bool:
+        """The lowest-numbered group of the quorum saves durable checkpoints: every group knows
+        the quorum, so exactly one of them saves without anyone telling it."""
+        members = [_replica_index(r) for r in q.replica_ids] if q is not None else []
+        members = [m for m in members if m is not None]
+        return not members or self.replica == min(members)
+
+    def _comms_retry(self, reason: str, rebuild: bool, request_may_linger: bool = False) -> NoStep:
+        """Cross-replica communication broke through no fault of ours (a peer died during the
+        quorum or while its process group was built). Keep the process, model, optimizer and
+        step, and try the next quorum. ``rebuild``: first rebuild the torchft Manager in place
+        (a new replica id, so the next quorum is a new one with a freshly built process group)
+        - only when needed, since a new member makes every peer rebuild its group too. Backs
+        off while it keeps failing, so a long outage is not a tight loop."""
+        self._comms_retries += 1
+        self._emit({"kind": "comms_retry", "replica": self.replica, "rank": self.rank, "reason": reason[:300],
+                    "attempt": self._comms_retries, "rebuilt": rebuild, "step": self.manager.current_step(),
+                    "t": time.time()})
+        if rebuild:  # a quorum that never formed may leave its request at the Lighthouse
+            self._new_manager(after_timeout=request_may_linger)
+        time.sleep(min(0.1 * 2 ** min(self._comms_retries - 1, 5), 2.0))
+        return NoStep({"kind": "comms_retry", "step": self.manager.current_step(), "committed": False},
+                      manager_replaced=rebuild)
+
+    def _pg_error(self) -> str | None:
+        err = self.manager.errored()
+        return f"the process group of the new quorum could not be built: {type(err.original_exception).__name__}: " \
+               f"{err.original_exception}" if err is not None and hasattr(err, "original_exception") else None
+
+    # ---- the Manager calls the step makes ---------------------------------------------------------
+
+    def current_step(self) -> int:
+        return self.manager.current_step()
+
+    def restore_step(self, step: int) -> None:
+        self.manager.load_state_dict({"step": step, "batches_committed": 0})
+
+    def allreduce(self, tensor: torch.Tensor) -> Waitable:
+        return self.manager.allreduce(tensor)
+
+    def errored(self) -> BaseException | None:
+        return self.manager.errored()
+
+    def should_commit(self) -> bool:
+        return self.manager.should_commit()
+
+    def abort(self) -> None:
+        self.ft_pg.abort()
+
+    def shutdown(self) -> None:
+        try:
+            seam.shutdown_manager(self.manager)
+        except Exception:
+            pass
+
+    def ports(self) -> dict[str, int | None]:
+        http = seam.http_transport_port(self.transport) if hasattr(self.transport, "_server") else None
+        return {"torchft manager server": seam.manager_server_port(self.manager), "checkpoint server": http}
