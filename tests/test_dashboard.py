@@ -312,7 +312,7 @@ def test_close_stops_updates():
                  "the open dashboard to draw the failure")
         # ...but not the closed one: its model never saw it and its widgets kept their values.
         assert closed.model.events_seen == seen and closed.health.value == before
-        assert closed.closed and (closed._thread is None or not closed._thread.is_alive())
+        assert closed.closed and (closed.frames.flusher is None or not closed.frames.flusher.is_alive())
     finally:
         open_.close()
 
@@ -370,8 +370,8 @@ def test_a_finished_run_redraws_from_its_event_log(tmp_path):
     live.close()
     d = Dashboard.open(path.parent)
     try:
-        d._thread is None or d._thread.join(timeout=5)
-        assert d._thread is None  # a finished run holds no flusher thread
+        d.frames.flusher is None or d.frames.flusher.join(timeout=5)
+        assert d.frames.flusher is None  # a finished run holds no flusher thread
         assert "data-state='stopped'" in d.health.value and "data-state='failed'" not in d.health.value
         assert "data-status='recovered'" in d.timeline.value
         assert "data-markers='2'" in d.plot_caption.value
@@ -484,8 +484,8 @@ def test_a_reopened_run_without_run_stopped_is_interrupted_at_its_last_event_not
     when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(last))
     d = Dashboard.open(path.parent)
     try:
-        d._thread is None or d._thread.join(timeout=5)
-        assert d._thread is None  # nothing will move: no flusher thread
+        d.frames.flusher is None or d.frames.flusher.join(timeout=5)
+        assert d.frames.flusher is None  # nothing will move: no flusher thread
         assert "data-status='interrupted'" in d.header.value
         assert f"interrupted (no run_stopped; last event at {when})" in d.header.value
         assert "running" not in d.header.value and " 23 s" in d.header.value  # ran until its last event
@@ -596,14 +596,14 @@ def test_a_step_of_32_groups_redraws_only_the_panels_it_changed_once_a_frame():
     d = Dashboard(store, heartbeat_interval_s=0)  # no run attached: nothing ticks on its own
 
     def settled() -> dict:
-        wait_for(lambda: not d._dirty, 10, "the flusher to take every dirty panel")
-        with d._render_lock:  # a frame in progress ends first
-            assert not d._dirty
+        wait_for(lambda: not d.frames.dirty, 10, "the flusher to take every dirty panel")
+        with d.frames.render_lock:  # a frame in progress ends first
+            assert not d.frames.dirty
             return dict(d.stats.renders)
 
     try:
         before = settled()
-        with d._render_lock:  # the flusher cannot draw until the whole step (32 events) is in
+        with d.frames.render_lock:  # the flusher cannot draw until the whole step (32 events) is in
             for r in range(32):
                 store.append(Step(t=T0 + 20, replica=r, step=10, loss=2.0, tokens_per_s=1.0, committed=True,
                                   quorum_id=1, participants=32))

@@ -51,7 +51,7 @@ CELLS_WITHOUT_SHOW_STATIC = [
     "run.inject('kill', replica=1)\n"
     "assert run.wait_for_step(60, timeout=60)\n"
     "run.stop()\n"
-    "flusher = shown._thread  # it draws the stop, refreshes the static copy, then ends\n"
+    "flusher = shown.frames.flusher  # it draws the stop, refreshes the static copy, then ends\n"
     "if flusher is not None:\n"
     "    flusher.join(30)",
     "dash.close()",
