@@ -309,9 +309,9 @@ def _pid_check(tmp_path, pid):
     groups[0].procs = [(pid, socket.gethostname())]
     injector = FaultInjector(1, groups, str(tmp_path / "faults.jsonl"), arm=None, cluster=None, emit=None,
                              running=lambda: True)
-    sup = Supervisor(RunConfig(replicas=1), None, groups, None, None, None, [].append, lambda replica: None,
+    sup = Supervisor(RunConfig(replicas=1), None, groups, None, None, None, [], lambda replica: None,
                      None, lambda: "", fired_by=injector.fired_by)
-    return sup._dead_rank(groups[0])
+    return sup.detector.dead_rank(groups[0])
 
 
 @pytest.mark.parametrize("kind, how", [("segfault", "killed by signal 11 (SIGSEGV)"), ("exit", "exited with code 13")])
@@ -343,15 +343,15 @@ def test_silence_is_counted_from_the_start_of_training_not_from_the_spawn():
     groups = GroupTable(1)
     g = groups[0]
     g.state, g.last_answer = TRAINING, time.monotonic() - 120.0  # spawned two minutes ago
-    sup = Supervisor(RunConfig(replicas=1), None, groups, None, None, None, [].append, lambda replica: None,
+    sup = Supervisor(RunConfig(replicas=1), None, groups, None, None, None, [], lambda replica: None,
                      None, lambda: "")
-    sup.call = lambda *a, **k: None  # the trainer's start endpoint answered
-    sup._dead_rank = lambda g: None
+    sup.launcher.call = lambda *a, **k: None  # the trainer's start endpoint answered
+    sup.detector.dead_rank = lambda g: None
     sup.poll = lambda g, timeout: types.SimpleNamespace(errors={}, values={}, missing=[0])  # no answer in time
     sup.start_training(g)
-    assert sup.check(g) is None, "a slow first poll is not a hang"
+    assert sup.detector.check(g) is None, "a slow first poll is not a hang"
     g.last_answer -= sup.config.hang_timeout_s + 1  # silent past hang_timeout_s since then: that is one
-    failure = sup.check(g)
+    failure = sup.detector.check(g)
     assert failure is not None and failure.source == "hang" and "no answer from ranks [0]" in failure.reason
 
 
@@ -359,7 +359,7 @@ def test_the_poll_deadline_grows_while_answers_are_late_and_shrinks_when_they_ar
     """32 groups on two cores: answers took 0.5-0.7 s against a fixed 0.5 s deadline, every poll
     missed, and groups that answered every poll were failed as hung. Missed: doubled, up to half
     the hang timeout (a real hang is still caught); answered: three times the latency, from 0.5."""
-    from monarch_nb.ft.control.supervisor import next_poll_deadline
+    from monarch_nb.ft.control.detector import next_poll_deadline
 
     def result(seconds=0.0, missing=(), errors=None):
         return types.SimpleNamespace(seconds=seconds, missing=list(missing), errors=errors or {})
@@ -709,16 +709,17 @@ def test_an_identity_check_asks_every_group_at_once():
 @pytest.mark.parametrize("groups, expected", [(2, 0.25), (8, 0.25), (16, 0.5), (32, 1.0)])
 def test_groups_are_polled_less_often_past_eight_so_the_controllers_polls_stay_flat(groups, expected):
     from monarch_nb.ft.control.groups import GroupTable
-    from monarch_nb.ft.control.supervisor import POLLS_PER_S, Supervisor
+    from monarch_nb.ft.control.detector import POLLS_PER_S
+    from monarch_nb.ft.control.supervisor import Supervisor
 
     table = GroupTable(groups)
-    sup = Supervisor(RunConfig(replicas=groups), None, table, None, None, None, [].append, lambda replica: None,
+    sup = Supervisor(RunConfig(replicas=groups), None, table, None, None, None, [], lambda replica: None,
                      lambda group, port: (), lambda: "")
-    assert sup.poll_interval() == pytest.approx(expected)
-    assert groups / sup.poll_interval() <= max(POLLS_PER_S, groups / 0.25)
-    hasty = Supervisor(RunConfig(replicas=groups, hang_timeout_s=2.0), None, table, None, None, None, [].append,
+    assert sup.detector.poll_interval() == pytest.approx(expected)
+    assert groups / sup.detector.poll_interval() <= max(POLLS_PER_S, groups / 0.25)
+    hasty = Supervisor(RunConfig(replicas=groups, hang_timeout_s=2.0), None, table, None, None, None, [],
                        lambda replica: None, lambda group, port: (), lambda: "")
-    assert hasty.poll_interval() <= 0.5  # a quarter of the hang timeout: a hang is still noticed in time
+    assert hasty.detector.poll_interval() <= 0.5  # a quarter of the hang timeout: a hang is still noticed in time
 
 
 def test_most_groups_silent_at_once_reads_as_overload_not_as_hangs():
@@ -726,28 +727,29 @@ def test_most_groups_silent_at_once_reads_as_overload_not_as_hangs():
     groups and fed the overload with respawns (bench_scale at R = 32); one silent group is
     still a hang after hang_timeout_s."""
     from monarch_nb.ft.control.groups import TRAINING, GroupTable
-    from monarch_nb.ft.control.supervisor import OVERLOAD_PATIENCE, Supervisor
+    from monarch_nb.ft.control.detector import OVERLOAD_PATIENCE
+    from monarch_nb.ft.control.supervisor import Supervisor
 
     table = GroupTable(8)
     for g in table:
         table.set_state(g, TRAINING)
         table.touch(g, 100.0)
-    sup = Supervisor(RunConfig(replicas=8, hang_timeout_s=5.0), None, table, None, None, None, [].append,
+    sup = Supervisor(RunConfig(replicas=8, hang_timeout_s=5.0), None, table, None, None, None, [],
                      lambda replica: None, lambda group, port: (), lambda: "")
-    sup.host_load = lambda: 0.5  # a quiet host
+    sup.detector.host_load = lambda: 0.5  # a quiet host
     table.touch(table[0], 90.0)  # one group silent for 10 s, the others answered just now
-    assert sup.hang_deadline(100.0) == 5.0
+    assert sup.detector.hang_deadline(100.0) == 5.0
     for g in list(table)[:4]:  # half of them silent
         table.touch(g, 90.0)
-    assert sup.hang_deadline(100.0) == OVERLOAD_PATIENCE * 5.0
+    assert sup.detector.hang_deadline(100.0) == OVERLOAD_PATIENCE * 5.0
     small = GroupTable(3)  # too few groups to tell overload from hangs
     for g in small:
         small.set_state(g, TRAINING)
         small.touch(g, 90.0)
-    sup3 = Supervisor(RunConfig(replicas=3, hang_timeout_s=5.0), None, small, None, None, None, [].append,
+    sup3 = Supervisor(RunConfig(replicas=3, hang_timeout_s=5.0), None, small, None, None, None, [],
                       lambda replica: None, lambda group, port: (), lambda: "")
-    sup3.host_load = lambda: 0.5
-    assert sup3.hang_deadline(100.0) == 5.0
+    sup3.detector.host_load = lambda: 0.5
+    assert sup3.detector.hang_deadline(100.0) == 5.0
 
 
 def test_a_group_starved_of_cpu_on_an_oversubscribed_host_is_not_a_hang():
@@ -758,7 +760,8 @@ def test_a_group_starved_of_cpu_on_an_oversubscribed_host_is_not_a_hang():
     import socket
 
     from monarch_nb.ft.control.groups import TRAINING, GroupTable
-    from monarch_nb.ft.control.supervisor import STARVED_PATIENCE, Supervisor
+    from monarch_nb.ft.control.detector import STARVED_PATIENCE
+    from monarch_nb.ft.control.supervisor import Supervisor
 
     table = GroupTable(2)
     for g in table:
@@ -766,15 +769,15 @@ def test_a_group_starved_of_cpu_on_an_oversubscribed_host_is_not_a_hang():
         table.touch(g, 100.0)
     here, there = table
     here.procs, there.procs = [(1, socket.gethostname())], [(2, "node-elsewhere")]
-    sup = Supervisor(RunConfig(replicas=2, hang_timeout_s=5.0), None, table, None, None, None, [].append,
+    sup = Supervisor(RunConfig(replicas=2, hang_timeout_s=5.0), None, table, None, None, None, [],
                      lambda replica: None, lambda group, port: (), lambda: "")
-    sup.host_load = lambda: 3.0
-    assert sup.hang_deadline(100.0, here) == 15.0
-    assert sup.hang_deadline(100.0, there) == 5.0
-    sup.host_load = lambda: 17.5  # 35 runnable on 2 cores
-    assert sup.hang_deadline(100.0, here) == STARVED_PATIENCE * 5.0
-    sup.host_load = lambda: 0.3
-    assert sup.hang_deadline(100.0, here) == 5.0
+    sup.detector.host_load = lambda: 3.0
+    assert sup.detector.hang_deadline(100.0, here) == 15.0
+    assert sup.detector.hang_deadline(100.0, there) == 5.0
+    sup.detector.host_load = lambda: 17.5  # 35 runnable on 2 cores
+    assert sup.detector.hang_deadline(100.0, here) == STARVED_PATIENCE * 5.0
+    sup.detector.host_load = lambda: 0.3
+    assert sup.detector.hang_deadline(100.0, here) == 5.0
 
 
 def test_a_group_that_healed_past_the_checked_step_is_left_out_of_the_check():

@@ -183,11 +183,12 @@ class _Supervised:
             test.events.append(event)
 
         self.sup = Supervisor(RunConfig(replicas=2, check_identical=False, **config), session, self.groups,
-                              placement, ingest, None, emit, lambda replica: None, lambda group, port: (),
+                              placement, ingest, None, types.SimpleNamespace(append=emit, recent=lambda kind: []), lambda replica: None,
+                              lambda group, port: (),
                               lambda: "")
 
     def _check(self, what: str) -> None:
-        locks = [("GroupTable.lock", self.groups.lock), ("_lost_lock", self.sup._lost_lock)]
+        locks = [("GroupTable.lock", self.groups.lock), ("TotalLoss._lock", self.sup.total_loss._lock)]
         if hasattr(self.sup.policy, "lock"):  # recovery="restart"
             locks.append(("CheckpointRestart.lock", self.sup.policy.lock))
         for name, lock in locks:
@@ -211,9 +212,9 @@ def test_no_lock_is_held_across_a_trainer_call_or_an_emit():
 def test_a_restart_of_every_group_holds_no_lock_across_its_calls(monkeypatch):
     """recovery="restart": one thread tears every group down and brings it back; it used to
     hold its lock all along (down_many, spawns, trainer calls, emits)."""
-    import monarch_nb.ft.control.supervisor as supervisor
+    import monarch_nb.ft.control.launcher as launcher
 
-    monkeypatch.setattr(supervisor, "_trainer_class", lambda: object)  # no monarch, no torch
+    monkeypatch.setattr(launcher, "_trainer_class", lambda: object)  # no monarch, no torch
     s = _Supervised(recovery="restart")
     s.sup.recover(s.groups[0], Failure("killed", 0, 0.0, "pid"))
     assert [g.attempts for g in s.groups] == [1, 1]

@@ -14,12 +14,16 @@ waves, ``fault_skipped``) and the run finishing (``run_finished``: where its fin
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from IPython.display import display
 
 from ..telemetry.events import Event, FaultInjected, FaultSkipped, RunFinished, WorkerFailed
 from .html import esc, failure_html
+
+if TYPE_CHECKING:
+    from ..ft import FTRun
+    from ..session import Session
 
 HELD = 20  # notices kept for the next cell; older ones are counted, not kept
 
@@ -37,14 +41,14 @@ class FailureNotices:
         self._watched: set[int] = set()
         self._unsubscribe: list[Any] = []
 
-    def watch(self, session: Any) -> None:
+    def watch(self, session: Session) -> None:
         with self._lock:
             if id(session) in self._watched:
                 return
             self._watched.add(id(session))
         self._unsubscribe.append(session.on_failure(self.notify))
 
-    def watch_run(self, run: Any) -> None:
+    def watch_run(self, run: FTRun) -> None:
         """Notices from a training run's own events (see the module docstring)."""
         skipping = [False]  # a skipped wave was shown since the last fault went in
 
@@ -143,13 +147,13 @@ def show_more(count: int) -> None:
 current: FailureNotices | None = None
 
 
-def watch_run(run: Any) -> None:
+def watch_run(run: FTRun) -> None:
     """Route a training run's notices (skipped waves, its finish) to the notebook."""
     if current is not None:
         current.watch_run(run)
 
 
-def watch_session(session: Any) -> None:
+def watch_session(session: Session) -> None:
     """Route a session's failures to notebook notices (also for a session made mid-cell)."""
     if current is not None:
         current.watch(session)

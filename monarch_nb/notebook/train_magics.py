@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from IPython.core.error import UsageError
 
@@ -22,6 +22,10 @@ from ..ft.spec.config import MODELS, RECOVERIES
 from ..ft.spec.faults import CLUSTER_KINDS, FaultKind
 from .args import non_negative_int, positive_float, positive_int, positive_number
 from .progress import Line, Progress
+
+if TYPE_CHECKING:
+    from ..ft import FTRun
+    from ..session import Session
 
 FAULT_KINDS = tuple(k.value for k in FaultKind)
 WAIT_USAGE = ("usage: %monarch wait rejoin [--replica R] [--timeout S]\n"
@@ -138,9 +142,9 @@ class TrainingCommands:
     """Holds the notebook's current run between magics."""
 
     def __init__(self) -> None:
-        self.run: Any = None
+        self.run: FTRun | None = None
 
-    def current(self) -> Any:
+    def current(self) -> FTRun:
         if self.run is None:
             raise UsageError("no fault-tolerant run is active; start one with `%monarch train`")
         if self.run.stopped:
@@ -150,7 +154,7 @@ class TrainingCommands:
                              f"continue this one with `%monarch train --resume {run.run_dir} --steps N`")
         return self.run
 
-    def train(self, args: argparse.Namespace, session: Any, shell: Any) -> Any:
+    def train(self, args: argparse.Namespace, session: Session, shell: Any) -> FTRun:
         from ..ft import FTRun, RespawnPolicy, RunConfig
 
         if self.run is not None and not self.run.stopped:
@@ -194,7 +198,7 @@ class TrainingCommands:
             how += f", starting from {source} checkpoint of step {run.resume_from.step}"
         return self._started(run, args, shell, how)
 
-    def _started(self, run: Any, args: argparse.Namespace, shell: Any, how: str) -> Any:
+    def _started(self, run: FTRun, args: argparse.Namespace, shell: Any, how: str) -> FTRun:
         config = run.config
         self.run = run
         try:
@@ -344,7 +348,7 @@ class TrainingCommands:
         return run.dashboard()
 
 
-def groups_line(run: Any, what: str) -> Line:
+def groups_line(run: FTRun, what: str) -> Line:
     """Progress of a wait on the groups: how many train, and what the others are doing."""
     status = {k: v for k, v in run.status().items() if isinstance(k, int) and v.get("state") not in
               ("retired", "retiring", "gave_up")}
@@ -353,7 +357,7 @@ def groups_line(run: Any, what: str) -> Line:
     return Line(len(training), len(status), what + (f"; {others}" if others else ""))
 
 
-def spares_line(run: Any) -> Line:
+def spares_line(run: FTRun) -> Line:
     """Progress of a wait for the warm spares: how many are ready."""
     spares = {k: v for k, v in run.status().items() if isinstance(k, str) and k.startswith("spare")}
     ready = [k for k, v in spares.items() if v.get("state") == "ready"]
@@ -361,7 +365,7 @@ def spares_line(run: Any) -> Line:
         f"; {', '.join(k for k in spares if k not in ready)} building" if len(ready) < len(spares) else ""))
 
 
-def stopped_how(run: Any) -> str:
+def stopped_how(run: FTRun) -> str:
     """How a stopped run ended, in a few words: finished (and where its final state is), or stopped."""
     from ..telemetry.events import RunFinished
 
@@ -371,7 +375,7 @@ def stopped_how(run: Any) -> str:
     return "stopped"
 
 
-def step_line(run: Any, step: int, replicas: list[int] | None = None) -> Line:
+def step_line(run: FTRun, step: int, replicas: list[int] | None = None) -> Line:
     """Progress of a wait for a step: groups that committed it, and where the others are."""
     status = run.status()
     want = replicas if replicas is not None else [k for k in status if isinstance(k, int)]

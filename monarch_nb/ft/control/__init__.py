@@ -1,16 +1,20 @@
-"""Runs in the notebook kernel (the controller's threads): the run's lifecycle (``FTRun``), the
-supervisor that brings groups up, watches and recovers them, warm spares, placement, the fault
-injector, identity checks, the Lighthouse's process and the run's checkpoint folder. Of the
-worker side it imports only the actor class it spawns (``worker.trainer_actor``).
+"""Runs in the notebook kernel (the controller's threads): the run's lifecycle (``FTRun``, with
+where it lives ``opening``, how it ends ``finish`` and ``stopping``, ``scaling``), the
+``supervisor`` that watches groups and recovers them through a ``policies`` class, the
+``launcher`` (bring groups up and down, warm ``spares``), the ``detector`` (has a group
+failed?), ``total_loss`` (no live peer left), ``placement``, the fault ``injector`` and its
+``fault_delivery``, ``identity`` checks, the Lighthouse (``coordinator``, ``lighthouse``) and
+the run's ``checkpoint_folder``. Of the worker side it imports only the actor class it spawns
+(``worker.trainer_actor``).
 
 Threads and locks: who owns what. No thread holds two of these at once, and none is held
 across a call to a worker.
-  FTRun._scaling              one scale() at a time
-  FTRun._finishing            taken once, by the thread that ends a finished run
+  Scaler._lock                one scale() at a time (scaling.py)
+  FinishWatch._finishing      taken once, by the thread that ends a finished run (finish.py)
   GroupTable.lock (RLock)     the group table: each group's state, step, actors, pids, failure
   SparePool._lock             the spares and their states
   Supervisor._acks_lock       per group, the last event sequence the controller holds
-  Supervisor._lost_lock       one total-loss episode at a time
+  TotalLoss._lock             one total-loss episode at a time (total_loss.py)
   CheckpointRestart.lock      the claim of a restart of every group (recovery="restart")
   FaultInjector._lock         the fault log's read position and the firings read from it
   IdentityChecks._lock        pending digest requests and their reports

@@ -9,19 +9,54 @@
   process group over every group, see plain.py); what differs is only how the workers find each
   other, which the run passes them.
 
-The supervisor watches, detects and asks its policy; a policy calls the supervisor's means
-(teardown, spawn, start, emit) and never holds a lock across them.
+The supervisor watches, detects and asks its policy; a policy uses only the means
+:class:`RecoveryMeans` names (the supervisor provides them: teardown, acquire, start, emit, ...)
+and never holds a lock across them.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from typing import Any, ClassVar
+from typing import Any, Callable, ClassVar, Protocol
 
-from ...telemetry.events import Acquired, FailureDetected, GaveUp, Respawned, RestartedFromCheckpoint, TornDown
+from ...telemetry.events import Acquired, Event, FailureDetected, GaveUp, Respawned, RestartedFromCheckpoint
+from ..record.ingest import EventIngest
 from ..spec.checkpoint_format import latest_complete
-from .groups import FAILED, GAVE_UP, HEALING, RESPAWNING, Failure, ReplicaGroup
+from ..spec.config import RunConfig
+from .groups import FAILED, GAVE_UP, HEALING, RESPAWNING, Failure, GroupTable, ReplicaGroup
+from .identity import IdentityChecks
+from .spares import SparePool
+
+
+class RecoveryMeans(Protocol):
+    """What a recovery policy may use (the supervisor provides it)."""
+
+    config: RunConfig
+    groups: GroupTable
+    ingest: EventIngest
+    identity: IdentityChecks
+    stopping: threading.Event
+    checkpoint_dir: str | None
+
+    @property
+    def spares(self) -> SparePool | None: ...
+    def emit(self, event: Event) -> None: ...
+    def set_state(self, g: ReplicaGroup, state: str, detail: str = "") -> None: ...
+    def closed(self) -> bool: ...
+    def fired_time(self, g: ReplicaGroup) -> float | None: ...
+    def announce(self, g: ReplicaGroup, failure: Failure, fired: float | None) -> None: ...
+    def report(self, g: ReplicaGroup, failure: Failure) -> None: ...
+    def teardown(self, g: ReplicaGroup) -> None: ...
+    def teardown_all(self, groups: list[ReplicaGroup], failed: ReplicaGroup) -> None: ...
+    def finish_if_run_is_over(self, g: ReplicaGroup) -> bool: ...
+    def acquire(self, g: ReplicaGroup, t0: float) -> None: ...
+    def spawn_all(self, groups: list[ReplicaGroup]) -> dict[int, float]: ...
+    def wait_ready(self, g: ReplicaGroup, deadline: float) -> None: ...
+    def start_training(self, g: ReplicaGroup, min_step: int = 0, resume_from: str | None = None) -> None: ...
+    def at_once(self, groups: list[ReplicaGroup], fn: Callable[[ReplicaGroup], Any], name: str) -> dict[int, Any]: ...
+    def progress(self) -> int: ...
+    def last_recorded_step(self) -> int: ...
 
 
 class RecoveryPolicy:
@@ -29,8 +64,8 @@ class RecoveryPolicy:
 
     name: ClassVar[str]
 
-    def __init__(self, sup: Any) -> None:
-        self.sup = sup  # the Supervisor (not imported: it imports this module)
+    def __init__(self, means: RecoveryMeans) -> None:
+        self.means = means
 
     def recover(self, g: ReplicaGroup, failure: Failure) -> None:
         raise NotImplementedError
@@ -48,57 +83,57 @@ class PeerRecovery(RecoveryPolicy):
     name = "peer"
 
     def action(self) -> str:
-        spare = " (a warm spare if one is ready)" if self.sup.spares is not None else ""
+        spare = " (a warm spare if one is ready)" if self.means.spares is not None else ""
         return f"its group is torn down and replaced{spare}; the replacement heals from a live peer"
 
     def recover(self, g: ReplicaGroup, failure: Failure) -> None:
-        sup = self.sup
-        fired = sup.fired_time(g)
-        sup.ingest.expect_rejoin(g.index, fired or failure.t)
-        sup.announce(g, failure, fired)
-        sup.set_state(g, FAILED, failure.reason[:200])
-        sup.identity.left_out(g.index)  # its digests at a checked step will never come
-        sup.report(g, failure)
-        backoff = sup.config.respawn
-        while not sup.stopping.is_set() and not getattr(sup.session, "_closed", False):
-            sup.teardown(g)
+        means = self.means
+        fired = means.fired_time(g)
+        means.ingest.expect_rejoin(g.index, fired or failure.t)
+        means.announce(g, failure, fired)
+        means.set_state(g, FAILED, failure.reason[:200])
+        means.identity.left_out(g.index)  # its digests at a checked step will never come
+        means.report(g, failure)
+        backoff = means.config.respawn
+        while not means.stopping.is_set() and not means.closed():
+            means.teardown(g)
             if not backoff.allows(g.in_a_row + 1):
-                sup._emit(GaveUp(replica=g.index, attempts=g.in_a_row))
-                sup.set_state(g, GAVE_UP, f"after {g.in_a_row} attempts in a row")
+                means.emit(GaveUp(replica=g.index, attempts=g.in_a_row))
+                means.set_state(g, GAVE_UP, f"after {g.in_a_row} attempts in a row")
                 return
-            if sup._finish_if_run_is_over(g):
+            if means.finish_if_run_is_over(g):
                 return
-            in_a_row = sup.groups.failed_again(g)  # reset when the group rejoins: a cause that persists backs off
+            in_a_row = means.groups.failed_again(g)  # reset when the group rejoins: a cause that persists backs off
             delay = backoff.wait_before(in_a_row)
             if delay:
-                sup.set_state(g, FAILED, f"attempt {g.attempts + 1} in {delay:g} s (attempt {in_a_row} in a row)")
-                if sup.stopping.wait(delay):
+                means.set_state(g, FAILED, f"attempt {g.attempts + 1} in {delay:g} s (attempt {in_a_row} in a row)")
+                if means.stopping.wait(delay):
                     return
-            attempt = sup.groups.begin_attempt(g)
-            sup.set_state(g, RESPAWNING, f"attempt {attempt}")
+            attempt = means.groups.begin_attempt(g)
+            means.set_state(g, RESPAWNING, f"attempt {attempt}")
             t0 = time.time()
             try:
-                sup.acquire(g, t0)
-                if sup.stopping.is_set():
+                means.acquire(g, t0)
+                if means.stopping.is_set():
                     return
-                sup.start_training(g, min_step=sup.progress())
+                means.start_training(g, min_step=means.progress())
             except Exception as e:  # the respawn itself failed: counts as an attempt, try again
-                if sup.stopping.is_set():
+                if means.stopping.is_set():
                     return
-                sup._emit(FailureDetected(replica=g.index, rank=None, reason=f"respawn failed: {e}"[:300]))
-                sup.set_state(g, FAILED, f"respawn attempt {attempt} failed")
+                means.emit(FailureDetected(replica=g.index, rank=None, reason=f"respawn failed: {e}"[:300]))
+                means.set_state(g, FAILED, f"respawn attempt {attempt} failed")
                 continue
-            sup._emit(Respawned(replica=g.index, attempt=attempt, seconds=time.time() - t0))
-            sup.set_state(g, HEALING)
-            sup.groups.touch(g, time.monotonic())
+            means.emit(Respawned(replica=g.index, attempt=attempt, seconds=time.time() - t0))
+            means.set_state(g, HEALING)
+            means.groups.touch(g, time.monotonic())
             return
 
 
 class CheckpointRestart(RecoveryPolicy):
     name = "restart"
 
-    def __init__(self, sup: Any) -> None:
-        super().__init__(sup)
+    def __init__(self, means: RecoveryMeans) -> None:
+        super().__init__(means)
         self.lock = threading.Lock()  # guards the claim of ``restarting``; never held across a call
         self.restarting = threading.Event()
 
@@ -122,36 +157,34 @@ class CheckpointRestart(RecoveryPolicy):
             self.restarting.clear()
 
     def _restart_all(self, g: ReplicaGroup, failure: Failure) -> None:
-        sup = self.sup
-        fired = sup.fired_time(g)
-        sup.announce(g, failure, fired)
-        groups = sup.groups.active()
+        means = self.means
+        fired = means.fired_time(g)
+        means.announce(g, failure, fired)
+        groups = means.groups.active()
         for h in groups:
-            sup.set_state(h, FAILED if h is g else RESPAWNING, failure.reason[:200] if h is g else "restart")
-        sup.report(g, failure)
-        t0 = time.monotonic()
-        sup.session.down_many([h.name for h in groups], kill=True)
-        sup._emit(TornDown(replica=g.index, seconds=time.monotonic() - t0))
-        last = sup.last_recorded_step()  # read once no group trains: a poll in flight has landed
-        checkpoint = latest_complete(sup.checkpoint_dir) if sup.checkpoint_dir else None
+            means.set_state(h, FAILED if h is g else RESPAWNING, failure.reason[:200] if h is g else "restart")
+        means.report(g, failure)
+        means.teardown_all(groups, g)
+        last = means.last_recorded_step()  # read once no group trains: a poll in flight has landed
+        checkpoint = latest_complete(means.checkpoint_dir) if means.checkpoint_dir else None
         start = time.time()
         for h in groups:
-            sup.groups.begin_attempt(h)
-            sup.set_state(h, RESPAWNING, f"restart from {'step ' + str(checkpoint.step) if checkpoint else 'scratch'}")
-        acquired_s = sup.spawn_all(groups)[g.index]
-        sup._emit(Acquired(t=start + acquired_s, replica=g.index, how="spawn", seconds=acquired_s))
+            means.groups.begin_attempt(h)
+            means.set_state(h, RESPAWNING, f"restart from {'step ' + str(checkpoint.step) if checkpoint else 'scratch'}")
+        acquired_s = means.spawn_all(groups)[g.index]
+        means.emit(Acquired(t=start + acquired_s, replica=g.index, how="spawn", seconds=acquired_s))
         for h in groups:
-            sup.wait_ready(h, time.monotonic() + sup.config.init_timeout_s)
+            means.wait_ready(h, time.monotonic() + means.config.init_timeout_s)
         for h in groups:
-            sup.ingest.expect_rejoin(h.index, (fired or failure.t) if h is g else time.time())
-            sup.set_state(h, HEALING, "loading the checkpoint" if checkpoint else "from scratch")
+            means.ingest.expect_rejoin(h.index, (fired or failure.t) if h is g else time.time())
+            means.set_state(h, HEALING, "loading the checkpoint" if checkpoint else "from scratch")
 
         def load(h: ReplicaGroup) -> None:  # each group reads the checkpoint itself, all at once
-            sup.start_training(h, resume_from=str(checkpoint.path) if checkpoint else None)
+            means.start_training(h, resume_from=str(checkpoint.path) if checkpoint else None)
 
-        sup.at_once(groups, load, "ft-restart")
-        sup._emit(Respawned(replica=g.index, attempt=g.attempts, seconds=time.time() - start))
-        sup._emit(RestartedFromCheckpoint(step=checkpoint.step if checkpoint else 0,
+        means.at_once(groups, load, "ft-restart")
+        means.emit(Respawned(replica=g.index, attempt=g.attempts, seconds=time.time() - start))
+        means.emit(RestartedFromCheckpoint(step=checkpoint.step if checkpoint else 0,
                                           checkpoint=str(checkpoint.path) if checkpoint else None,
                                           lost_steps=max(0, last - (checkpoint.step if checkpoint else 0)),
                                           seconds=time.time() - start))
@@ -164,5 +197,5 @@ class PlainRestart(CheckpointRestart):
 POLICIES: dict[str, type[RecoveryPolicy]] = {p.name: p for p in (PeerRecovery, CheckpointRestart, PlainRestart)}
 
 
-def policy_for(sup: Any) -> RecoveryPolicy:
-    return POLICIES[sup.config.recovery](sup)
+def policy_for(means: RecoveryMeans) -> RecoveryPolicy:
+    return POLICIES[means.config.recovery](means)

@@ -21,10 +21,13 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ...telemetry.events import Event, GaveUp, Rejoined, ReplicasIdentical, RunStopped, SpareState
 from ..record.recovery import RecoveryTracker
+
+if TYPE_CHECKING:
+    from .run import FTRun
 
 
 class ReplicasDiffer(RuntimeError):
@@ -36,7 +39,7 @@ class ReplicasDiffer(RuntimeError):
         self.event, self.ranks = event, ranks
 
 
-def wait_for_rejoin(run: Any, replica: int | None = None, timeout: float = 300.0) -> list[Rejoined]:
+def wait_for_rejoin(run: FTRun, replica: int | None = None, timeout: float = 300.0) -> list[Rejoined]:
     """Block until replica groups rejoin; returns their ``Rejoined`` events in arrival order.
 
     Recoveries under way when called (fault injected or failure detected, no rejoin yet) are
@@ -101,7 +104,7 @@ def _rejoin_target(want: set[int] | None, under_way: dict[int, Any]) -> str:
     return f"{label} (recovering)" if under_way else label
 
 
-def _progress(run: Any, want: set[int] | None, got: dict[int, Rejoined]) -> str:
+def _progress(run: FTRun, want: set[int] | None, got: dict[int, Rejoined]) -> str:
     """How far the recoveries of the groups still missing got, from the recovery model."""
     tracker = RecoveryTracker()
     tracker.apply_all(run.events.events())
@@ -115,7 +118,7 @@ def _progress(run: Any, want: set[int] | None, got: dict[int, Rejoined]) -> str:
     return f" ({'; '.join(parts)})" if parts else ""
 
 
-def wait_for_spares(run: Any, timeout: float = 300.0) -> list[str]:
+def wait_for_spares(run: FTRun, timeout: float = 300.0) -> list[str]:
     """Block until every warm spare of ``run`` is ready; returns their names. ``ValueError`` for
     a run without spares, ``TimeoutError`` (naming the last events) when they are not ready in
     ``timeout`` seconds."""
@@ -189,7 +192,7 @@ def _parts(digest: str) -> dict[str, str]:
     return out
 
 
-def require_identical(run: Any, timeout: float = 60.0) -> ReplicasIdentical:
+def require_identical(run: FTRun, timeout: float = 60.0) -> ReplicasIdentical:
     """Run one identity check (``run.check_identical``) and insist on its verdict.
 
     Returns the ``ReplicasIdentical`` event when every rank k of every training group holds the

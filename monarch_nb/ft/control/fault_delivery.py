@@ -1,0 +1,80 @@
+"""How an injected fault reaches its target: ``FaultDelivery``.
+
+The injector (:mod:`.injector`) decides what fires where and when; this is the last hop. A
+process fault (kill, exception, hang, comms, ...) is armed inside the target rank through its
+actor's ``inject`` endpoint, and fires there at its step or phase. A cluster fault (preempt,
+node_down) goes through the scheduler that holds the group's allocation, so it exists only
+for runs on SLURM allocations. ``disarm`` takes back every armed fault that has not fired.
+Every call is bounded: a group that cannot answer has no fault left to fire.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Callable
+
+from ..spec.config import RunConfig
+from ..spec.faults import Fault, FaultKind, record_firing
+from .groups import HEALING, TRAINING, GroupTable
+
+if TYPE_CHECKING:
+    from ...session import Session
+
+CALL_TIMEOUT_S = 10.0  # how long arming or disarming one group may take
+
+
+class FaultDelivery:
+    """Arms, fires and disarms faults in a run's groups.
+
+    Args:
+        config: the run's config (``group_size``, ``job``).
+        groups: the run's group table.
+        fault_log: the run's ``faults.jsonl``; a cluster fault records its firing there.
+        session: the run's session now (a run makes its own when it starts).
+    """
+
+    def __init__(self, config: RunConfig, groups: GroupTable, fault_log: str,
+                 session: Callable[[], Session | None]) -> None:
+        self.config, self.groups, self.fault_log = config, groups, fault_log
+        self._session = session
+
+    def _live_session(self) -> Session:
+        session = self._session()
+        assert session is not None, "faults reach only a started run"
+        return session
+
+    def arm(self, fault: Fault) -> int | None:
+        """Arm ``fault`` in its target rank; returns the step it is due at."""
+        g = self.groups[fault.replica]
+        actors = g.actors.slice(gpus=fault.rank) if self.config.group_size > 1 else g.actors
+        res = self._live_session().deadline(actors, CALL_TIMEOUT_S).inject.call(
+            fault.kind.value, fault.at_step, fault.hang_s, fault.during)
+        return next(iter(res.values.values()), None)
+
+    def through_scheduler(self, fault: Fault) -> int | None:
+        """preempt / node_down: through the scheduler holding the group's allocation."""
+        g = self.groups[fault.replica]
+        allocation = self._live_session().mesh(g.name).allocation
+        if not hasattr(allocation, "preempt"):
+            raise ValueError(f"kind: {fault.kind.value} needs a run on SLURM allocations (job='slurm'); "
+                             f"this run's job is {self.config.job!r}")
+        record_firing(self.fault_log, {"kind": "fault_fired", "fault": fault.kind.value, "replica": fault.replica,
+                                       "rank": fault.rank, "step": g.step, "job_id": allocation.job_id})
+        if fault.kind is FaultKind.PREEMPT:
+            allocation.preempt()
+        else:
+            allocation.down_node()
+        return g.step
+
+    def disarm(self) -> int:
+        """Drop every armed fault that has not fired yet, in every training or healing group;
+        returns how many were dropped."""
+        dropped = 0
+        for g in self.groups.active():
+            if g.actors is None or g.state not in (TRAINING, HEALING):
+                continue
+            try:
+                result = self._live_session().deadline(g.actors, CALL_TIMEOUT_S).disarm.call()
+                dropped += sum(result.values.values())
+            except Exception:
+                continue  # a group that cannot answer has no fault left to fire
+        return dropped
