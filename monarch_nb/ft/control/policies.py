@@ -6,7 +6,7 @@
 * :class:`CheckpointRestart` ("restart"): every group stops and all of them restart from the
   newest durable checkpoint, loading it at once; torchft's quorum still runs every step.
 * :class:`PlainRestart` ("plain_restart"): the same restart for a job without torchft (one
-  process group over every group, see plain.py); what differs is only how the workers find each
+  process group over every group, see plain_replication.py); what differs is only how the workers find each
   other, which the run passes them.
 
 The supervisor watches, detects and asks its policy; a policy uses only the means

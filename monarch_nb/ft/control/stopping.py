@@ -149,7 +149,7 @@ class StopSequence:
         self.events.append(RunStopped(run_id=self.run_id, reason=reason))
         _draw_final_frame(dashboard())
         phase("dashboard")
-        newest = latest_complete(self.checkpoint_dir)  # this run's own folder (checkpoint_owner)
+        newest = latest_complete(self.checkpoint_dir)  # this run's own folder (checkpoint_folder)
         if self.own_session and session is not None:
             try:
                 session.shutdown()  # closes self.events too (it was handed over)

@@ -168,7 +168,7 @@ class RunConfig:
         expose: allow a local run to advertise a non-loopback address (other machines may
             then fetch its state); default False.
 
-    Durable checkpoints and recovery mode (monarch_nb/ft/durable.py):
+    Durable checkpoints and recovery mode (ft/worker/checkpointer.py, ft/control/checkpoint_folder.py):
         checkpoint_every: committed steps between durable checkpoints (torch DCP, written
             asynchronously by one group); None (default): none. torchtitan's
             ``[checkpoint] enable`` + ``interval``.
@@ -184,7 +184,7 @@ class RunConfig:
             "restart": the traditional way - on any failure every group stops and all restart
             from the newest durable checkpoint (the baseline bench_goodput.py compares);
             "plain_restart": the same with no torchft at all - one process group over every
-            group, built once, as a torchtitan job under torchrun runs (ft/plain.py); no spares,
+            group, built once, as a torchtitan job under torchrun runs (ft/worker/plain_replication.py); no spares,
             and every group must be up for a step (min_replicas is the whole job).
         resume_from: start this new run from a durable checkpoint written by another run: a
             ``step-N`` directory, or a checkpoint folder (its newest complete checkpoint). Its
@@ -253,7 +253,7 @@ class RunConfig:
     # (127.0.0.1 on this machine; the node's own address, from its hostname, on a cluster).
     advertise_host: str | None = None
     expose: bool = False  # opt-in: let a local run advertise a non-loopback address
-    # durable checkpoints (ft/durable.py); a finished run always writes its final one
+    # durable checkpoints (ft/worker/checkpointer.py); a finished run always writes its final one
     checkpoint_every: int | None = None  # steps between checkpoints; None: only the final one
     checkpoint_dir: str | None = None  # where checkpoints go; None or relative: inside the run directory
     checkpoint_keep: int = 3  # newest checkpoints kept
