@@ -132,8 +132,9 @@ class FailureWatch:
         if owner is not None:
             cause = self._cause_of_death(owner, reason) if set(ranks) & set(owner.healthy_ranks) else reason
             for rank in ranks:
-                if owner.mark_failed(rank, cause):
-                    self._record_failure(owner, rank, cause)
+                words = self._fired_words(owner, rank, cause)
+                if owner.mark_failed(rank, words):
+                    self._record_failure(owner, rank, words)
                 elif owner.first_account(rank, reason):  # our own check reported it: Monarch's words explain it
                     self._announce(WorkerExitReported(mesh=owner.name, rank=rank, reason=reason))
             return
@@ -199,6 +200,14 @@ class FailureWatch:
         that finds a death asks this first, so the first to report it names the real cause."""
         cause = self._scheduler_cause(handle) if handle.allocation is not None else None
         return cause or fallback
+
+    @staticmethod
+    def _fired_words(handle: MeshHandle, rank: int, reason: str) -> str:
+        """Monarch's words for a death, led by the owner's account when the process recorded
+        firing a fault that ends it (Monarch saw a segfaulted worker as Killed(sig=9) at times)."""
+        pid = handle.procs[rank].pid if handle.fired_fault is not None and 0 <= rank < len(handle.procs) else None
+        told = handle.fired_fault(pid) if handle.fired_fault is not None and pid else None
+        return f"{told}; Monarch reported: {reason}" if told else reason
 
     def _check_allocation(self, handle: MeshHandle) -> None:
         reason = self._scheduler_cause(handle)

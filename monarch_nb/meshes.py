@@ -15,7 +15,7 @@ import socket
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 import psutil
 
@@ -79,6 +79,9 @@ class MeshHandle:
     failure_action: str | None = None  # what the mesh's owner does when a rank fails (said in the notice)
     local: bool = True  # its processes run on this machine (their pids can be checked here)
     pid_watch: bool = True  # the session's watcher checks its pids (False: its owner does, naming the fault)
+    # The owner's account of how process ``pid`` ended, from a fault it recorded firing (None: none):
+    # Monarch's report of that death may say only what it saw, e.g. Killed(sig=9) for a segfault.
+    fired_fault: Callable[[int], str | None] | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     @property

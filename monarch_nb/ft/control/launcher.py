@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from ...calls import MeshResult
 from ...telemetry.events import Acquired, Event, TornDown
 from ..spec.config import RunConfig
+from ..spec.faults import ENDS_PROCESS
 from ..spec.platform import DEVICE_SLOT_ENV
 from .groups import GroupTable, ReplicaGroup
 from .placement import Placement
@@ -47,13 +48,15 @@ class Launcher:
     def __init__(self, config: RunConfig, session: "Session", groups: GroupTable, placement: Placement,
                  emit: Callable[[Event], None], trainer_args: Callable[[ReplicaGroup | None, int | None], tuple],
                  lighthouse: Callable[[], str], poll: Callable[[ReplicaGroup, float], MeshResult],
-                 failure_action: Callable[[str], str], stopping: threading.Event) -> None:
+                 failure_action: Callable[[str], str], stopping: threading.Event,
+                 fired_by: Callable[[int], str | None] = lambda pid: None) -> None:
         """``trainer_args(group, store_port)``: TrainerActor's arguments (group None: a spare);
         ``lighthouse()``: the Lighthouse's address now; ``poll(group, timeout)``: one telemetry
-        poll of a group; ``failure_action(mesh)``: what a failure of that mesh leads to."""
+        poll of a group; ``failure_action(mesh)``: what a failure of that mesh leads to;
+        ``fired_by(pid)``: the kind of fault a process recorded firing (the fault log)."""
         self.config, self.session, self.groups, self.placement = config, session, groups, placement
         self._emit, self._trainer_args, self._lighthouse = emit, trainer_args, lighthouse
-        self._poll, self._failure_action, self._stopping = poll, failure_action, stopping
+        self._poll, self._failure_action, self._stopping, self._fired_by = poll, failure_action, stopping, fired_by
         self.log_dir: str | None = None  # where the workers write (the run's logs/); None: the session's
         self.spawned_pids: list[int] = []  # every worker process started (orphan checks)
         self.spares: SparePool | None = None
@@ -71,7 +74,7 @@ class Launcher:
         handle = self.session.up(mesh, procs=cfg.group_size, env=env, timeout=60.0,
                                  log_dir=self.log_dir, **kwargs)
         acquired_s = time.monotonic() - t0
-        handle.failure_action = self._failure_action(mesh)
+        handle.failure_action, handle.fired_fault = self._failure_action(mesh), self.fired_fault
         handle.pid_watch = mesh.startswith("spare")  # a group's pids: _dead_rank checks them, naming the fault
         store_port = _free_port() if cfg.group_size > 1 else None
         actors = self.session.spawn(actor, _trainer_class(), *trainer_args(store_port), mesh=mesh)
@@ -186,6 +189,13 @@ class Launcher:
         except Exception as exc:
             log.debug("tearing down %s: %s", g.name, exc)
         self._emit(TornDown(replica=g.index, seconds=time.monotonic() - t0))
+
+    def fired_fault(self, pid: int) -> str | None:
+        """How process ``pid`` ended if it recorded firing a fault that ends a process (the fault
+        log), in the pid check's words; None otherwise."""
+        kind = self._fired_by(pid)
+        how = ENDS_PROCESS.get(kind or "")
+        return f"process {pid} {how} (it fired an injected {kind} fault, per the fault log)" if how else None
 
     def teardown_all(self, groups: list[ReplicaGroup], failed: ReplicaGroup) -> None:
         """Every group's processes gone at once (a restart of the whole job); the teardown phase

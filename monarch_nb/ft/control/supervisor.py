@@ -76,7 +76,8 @@ class Supervisor:
         self._acks_lock = threading.Lock()  # never held across a call
         self._acks: dict[int, tuple[Any, dict[int, int]]] = {}  # group -> (its actors, rank -> last event held)
         self.launcher = Launcher(config, session, groups, placement, self.emit, trainer_args, lighthouse,
-                                 lambda g, timeout: self.poll(g, timeout), self.failure_action, self.stopping)
+                                 lambda g, timeout: self.poll(g, timeout), self.failure_action, self.stopping,
+                                 fired_by)
         self.total_loss = TotalLoss(groups, self.emit, self.call, self.progress)
         self.detector = Detector(config, session, groups, lambda g, timeout: self.poll(g, timeout), self.set_state,
                                  lambda index: self.ingest.awaiting_rejoin(index),
@@ -100,6 +101,15 @@ class Supervisor:
     @property
     def spawned_pids(self) -> list[int]:
         return self.launcher.spawned_pids
+
+    @property
+    def log_dir(self) -> str | None:
+        """Where the workers write (the run's ``logs/``); None: the session's."""
+        return self.launcher.log_dir
+
+    @log_dir.setter
+    def log_dir(self, path: str | None) -> None:
+        self.launcher.log_dir = path
 
     @property
     def checkpoint_dir(self) -> str | None:
