@@ -205,8 +205,9 @@ class FailureWatch:
     def _fired_words(handle: MeshHandle, rank: int, reason: str) -> str:
         """Monarch's words for a death, led by the owner's account when the process recorded
         firing a fault that ends it (Monarch saw a segfaulted worker as Killed(sig=9) at times)."""
-        pid = handle.procs[rank].pid if handle.fired_fault is not None and 0 <= rank < len(handle.procs) else None
-        told = handle.fired_fault(pid) if handle.fired_fault is not None and pid else None
+        if handle.fired_fault is None or not 0 <= rank < len(handle.procs) or not handle.procs[rank].pid:
+            return reason
+        told = handle.fired_fault(handle.procs[rank].pid)
         return f"{told}; Monarch reported: {reason}" if told else reason
 
     def _check_allocation(self, handle: MeshHandle) -> None:
