@@ -24,7 +24,7 @@ from pathlib import Path
 from jupyter_client.manager import KernelManager
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from kernel_client import run_in_kernel  # noqa: E402
+from helpers.kernel_client import run_in_kernel  # noqa: E402
 
 SLEEP_CELL = "%%monarch\nimport time\ntime.sleep(120)"
 # The cell returns first (its reply needs the GIL), then its thread takes the GIL for 60 s.

@@ -3,7 +3,7 @@
 No tests/__init__.py on purpose: torchmonarch installs a top-level package named
 ``tests``; pytest runs with ``--import-mode=importlib`` so ours never collides.
 
-Leak check (``leak_check.py``): a test fails, naming them, if it leaves behind a SIGINT handler
+Leak check (``helpers/leak_check.py``): a test fails, naming them, if it leaves behind a SIGINT handler
 other than Python's, non-daemon threads, child processes, listening sockets or SLURM jobs of
 ours that were not there before it. Each is compared with a snapshot at the right scope:
 
@@ -35,8 +35,8 @@ from pathlib import Path
 import pytest
 
 import monarch_nb  # noqa: F401  (must come before any test module imports monarch)
-import leak_check
-from proc_checks import assert_gone
+from helpers import leak_check
+from helpers.proc_checks import assert_gone
 
 pytest_plugins = ["pytester"]  # test_leak_check.py runs a small suite through our conftest
 
@@ -89,7 +89,7 @@ def _report(left: dict, who: str) -> None:
 
 
 class LeakWarning(UserWarning):
-    """Something a test left behind (see leak_check.py)."""
+    """Something a test left behind (see helpers/leak_check.py)."""
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -8,7 +8,7 @@ import json
 import re
 from pathlib import Path
 
-from bench_scripts import load_bench
+from helpers.bench_scripts import load_bench
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -16,7 +16,7 @@ from monarch_nb.notebook.dashboard import Dashboard
 from monarch_nb.notebook.dashboard_model import DashboardModel
 from monarch_nb.notebook.dashboard_render import health_html, recoveries_html
 from monarch_nb.notebook.palette import STATE_STYLES
-from proc_checks import wait_for
+from helpers.proc_checks import wait_for
 from monarch_nb.telemetry import EventStore
 from monarch_nb.telemetry.events import (
     FailureDetected,

@@ -14,7 +14,7 @@ import pytest
 
 from monarch_nb.ft import FTRun, RunConfig
 from monarch_nb.ft.spec.checkpoint_format import COMPLETE, latest_complete, list_checkpoints
-from proc_checks import assert_gone
+from helpers.proc_checks import assert_gone
 
 pytestmark = pytest.mark.slow
 

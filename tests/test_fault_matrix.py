@@ -14,8 +14,8 @@ import pytest
 
 from monarch_nb.ft import FTRun, RunConfig, open_run
 from monarch_nb.telemetry.events import FailureDetected, Healed, Rejoined, ReplicasIdentical, Respawned
-from notice_checks import assert_one_notice, watch_notices
-from proc_checks import assert_gone, wait_for
+from helpers.notice_checks import assert_one_notice, watch_notices
+from helpers.proc_checks import assert_gone, wait_for
 
 pytestmark = pytest.mark.slow
 

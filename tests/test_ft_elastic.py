@@ -19,7 +19,7 @@ from monarch_nb.telemetry.events import (
     Respawned,
     SpareState,
 )
-from proc_checks import assert_gone
+from helpers.proc_checks import assert_gone
 
 pytestmark = pytest.mark.slow
 

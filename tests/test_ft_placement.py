@@ -10,7 +10,7 @@ import pytest
 
 from monarch_nb.ft import FTRun, RunConfig
 from monarch_nb.telemetry.events import Healed, Rejoined, ReplicasIdentical, Respawned, Step
-from proc_checks import assert_gone
+from helpers.proc_checks import assert_gone
 
 pytestmark = pytest.mark.slow
 

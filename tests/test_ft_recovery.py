@@ -10,8 +10,8 @@ import pytest
 
 from monarch_nb.ft import FTRun, RunConfig, open_run
 from monarch_nb.telemetry.events import FailureDetected, Healed, Rejoined, ReplicasIdentical, Respawned, Step
-from notice_checks import assert_one_notice, watch_notices
-from proc_checks import assert_gone
+from helpers.notice_checks import assert_one_notice, watch_notices
+from helpers.proc_checks import assert_gone
 
 pytestmark = pytest.mark.slow
 

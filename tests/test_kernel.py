@@ -9,8 +9,8 @@ import textwrap
 
 import pytest
 
-from kernel_client import run_in_kernel as run
-from proc_checks import assert_gone, wait_for
+from helpers.kernel_client import run_in_kernel as run
+from helpers.proc_checks import assert_gone, wait_for
 
 pytestmark = pytest.mark.slow  # each test starts a real kernel and workers (5-20 s): not in the quick lane
 

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from kernel_client import run_in_kernel as run
+from helpers.kernel_client import run_in_kernel as run
 
 pytestmark = pytest.mark.slow  # a real kernel and workers per test, one real training run (30 s): not in the quick lane
 

@@ -66,8 +66,8 @@ def test_cleans_up_what_the_other_module_left():
 
 def test_a_test_that_leaves_things_behind_fails_naming_them(pytester, monkeypatch):
     monkeypatch.delenv("MONARCH_NB_LEAKS", raising=False)  # the default: a leak fails
-    for name in ("conftest.py", "leak_check.py", "proc_checks.py"):
-        shutil.copy(TESTS / name, pytester.path / name)
+    shutil.copy(TESTS / "conftest.py", pytester.path / "conftest.py")
+    shutil.copytree(TESTS / "helpers", pytester.path / "helpers")
     with open(pytester.path / "conftest.py", "a") as f:
         f.write("\nleak_check.GRACE_S = 0.5  # what is left here stays: no need to wait long\n")
     pytester.makepyfile(kept="things = []", test_a_leaky=LEAKY, test_b_cleanup=CLEANUP)

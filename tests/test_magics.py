@@ -12,7 +12,7 @@ from IPython.utils.capture import capture_output
 from monarch_nb import RemoteError, Session
 from monarch_nb.notebook.magics import MonarchMagics
 
-from proc_checks import assert_gone, wait_for
+from helpers.proc_checks import assert_gone, wait_for
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "llama3_debug_ft.toml"
 

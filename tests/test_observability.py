@@ -15,7 +15,7 @@ from monarch_nb import Session
 from monarch_nb import stacks as stacks_mod
 from monarch_nb.errors import CallInterrupted, MonarchNbError
 from monarch_nb.stacks import StackError, grouped
-from proc_checks import assert_gone, wait_for
+from helpers.proc_checks import assert_gone, wait_for
 
 HOLD_GIL = """
 import ctypes

@@ -213,7 +213,7 @@ from dataclasses import replace  # noqa: E402
 import json  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-from bench_scripts import load_bench  # noqa: E402
+from helpers.bench_scripts import load_bench  # noqa: E402
 
 from lab.costmodel import OVERLAP, SEED_CLUSTERS, Cluster, Parts, compose, extrapolate, fit  # noqa: E402
 

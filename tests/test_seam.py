@@ -17,7 +17,7 @@ from monarch.actor import Actor, current_rank, endpoint
 
 from monarch_nb import _runtime, seam
 from monarch_nb.calls import receive
-from proc_checks import assert_gone, wait_for
+from helpers.proc_checks import assert_gone, wait_for
 
 
 class Echo(Actor):

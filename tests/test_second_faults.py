@@ -28,7 +28,7 @@ from monarch_nb.telemetry.events import (
     RestartedFromScratch,
     Step,
 )
-from proc_checks import assert_gone, wait_for
+from helpers.proc_checks import assert_gone, wait_for
 
 
 @pytest.fixture(scope="module")

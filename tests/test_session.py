@@ -10,7 +10,7 @@ from monarch.actor import Actor, current_rank, endpoint
 from monarch_nb import CallTimeout, MonarchNbError, RemoteError, UnknownMeshError
 from monarch_nb.telemetry.events import WorkerExitReported, WorkerFailed
 
-from proc_checks import assert_gone, wait_for
+from helpers.proc_checks import assert_gone, wait_for
 
 
 class Worker(Actor):

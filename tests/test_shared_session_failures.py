@@ -10,7 +10,7 @@ import time
 from monarch_nb.ft import FTRun, RunConfig
 from monarch_nb.session import Session
 from monarch_nb.telemetry.events import Rejoined
-from notice_checks import assert_one_notice, watch_notices
+from helpers.notice_checks import assert_one_notice, watch_notices
 
 
 def test_a_run_on_a_shared_session_logs_one_worker_failed_per_fault(tmp_path):

@@ -17,7 +17,7 @@ from monarch_nb import Session
 from monarch_nb.errors import MonarchNbError
 from monarch_nb.jobs.slurm import SlurmSpec, job_states, resume_node
 from monarch_nb.telemetry.events import Healed, Rejoined, ReplicasIdentical, Respawned, Step
-from proc_checks import wait_for
+from helpers.proc_checks import wait_for
 
 pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("slurm_cluster")]
 
@@ -177,7 +177,7 @@ def test_the_run_leaves_no_allocation_behind(slurm_run):
 
 
 def test_a_killed_kernel_releases_its_allocations(kernel):
-    from kernel_client import run_in_kernel
+    from helpers.kernel_client import run_in_kernel
 
     km, client = kernel
     status, out = run_in_kernel(client, "%monarch up --slurm --hosts 2 --procs 1\n"

@@ -14,7 +14,7 @@ from monarch_nb.ft.worker.checkpointer import SLOW_SAVE_ENV, DurableCheckpointer
 from monarch_nb.ft.control.checkpoint_folder import remove_torn
 from monarch_nb.ft.control.run import SAVE_DEADLINE_MIN_S, StopReport, save_deadline
 from monarch_nb.telemetry.events import CheckpointAbandoned, CheckpointSaved, Step
-from proc_checks import assert_gone
+from helpers.proc_checks import assert_gone
 
 EVERY = 10
 SLOW_S = 6.0
