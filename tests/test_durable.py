@@ -151,7 +151,7 @@ def test_restart_mode_restarts_every_group_from_disk(tmp_path, recovery):
         assert steps[:restarted.lost_steps + 1] == list(range(restarted.step + 1, last_before + 2)), (v, steps)
     assert identical.identical
     assert not run.events.events("healed"), "the old way reads state from disk, not from a peer"
-    # each group read the checkpoint itself (all at once: policies.CheckpointRestart), its load time recorded
+    # each group read the checkpoint itself (all at once: responses.RestartResponse), its load time recorded
     loads = [e for e in events if e.kind == "checkpoint_loaded" and e.t >= since]
     assert sorted(e.replica for e in loads) == [0, 1] and all(e.step == restarted.step and e.seconds > 0
                                                                 for e in loads), loads

@@ -189,8 +189,8 @@ class _Supervised:
 
     def _check(self, what: str) -> None:
         locks = [("GroupTable.lock", self.groups.lock), ("TotalLoss._lock", self.sup.total_loss._lock)]
-        if hasattr(self.sup.policy, "lock"):  # recovery="restart"
-            locks.append(("CheckpointRestart.lock", self.sup.policy.lock))
+        if hasattr(self.sup.response, "lock"):  # recovery="restart"
+            locks.append(("RestartResponse.lock", self.sup.response.lock))
         for name, lock in locks:
             if not _free(lock):
                 self.held.append(f"{name} held during {what}")
@@ -216,9 +216,9 @@ def test_a_restart_of_every_group_holds_no_lock_across_its_calls(monkeypatch):
 
     monkeypatch.setattr(launcher, "_trainer_class", lambda: object)  # no monarch, no torch
     s = _Supervised(recovery="restart")
-    s.sup.recover(s.groups[0], Failure("killed", 0, 0.0, "pid"))
+    s.sup.respond(s.groups[0], Failure("killed", 0, 0.0, "pid"))
     assert [g.attempts for g in s.groups] == [1, 1]
-    assert {"start", "poll"} <= set(s.calls) and not s.sup.policy.busy()
+    assert {"start", "poll"} <= set(s.calls) and not s.sup.response.busy()
     assert not s.held, s.held
 
 
