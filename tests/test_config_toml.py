@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from monarch_nb.ft import RespawnPolicy, RunConfig
+from monarch_nb.ft import RespawnBackoff, RunConfig
 from monarch_nb.ft.spec.config import MODELS
 from monarch_nb.ft.spec.jobfile import SECTIONS, describe_sections
 
@@ -94,7 +94,7 @@ def test_every_supported_torchtitan_key_lands_on_its_runconfig_field(tmp_path):
     assert (cfg.checkpoint_every, cfg.checkpoint_dir, cfg.checkpoint_keep) == (10, "ckpt", 2)
     assert (cfg.spares, cfg.partition, cfg.job) == (1, "debug", "slurm")
     assert cfg.hang_timeout_s == 8.0 and cfg.env == {"FOO": "bar"}
-    assert cfg.respawn == dataclasses.replace(RespawnPolicy(), max_respawns=4, backoff_s=0.5)
+    assert cfg.respawn == dataclasses.replace(RespawnBackoff(), max_respawns=4, backoff_s=0.5)
 
 
 def test_older_torchtitan_names_and_defaults(tmp_path):

@@ -1,4 +1,4 @@
-"""Fault-tolerance layer, the parts that need no process: config validation, respawn policy,
+"""Fault-tolerance layer, the parts that need no process: config validation, respawn backoff,
 fault specs and schedules, platform choice, the tiny data set, and history from a log."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import types
 
 import pytest
 
-from monarch_nb.ft import Fault, FaultKind, FaultSchedule, RespawnPolicy, RunConfig, open_run, select_platform
+from monarch_nb.ft import Fault, FaultKind, FaultSchedule, RespawnBackoff, RunConfig, open_run, select_platform
 from monarch_nb.ft.control.run import FTRun
 from monarch_nb.ft.spec.platform import check_gpu_sharing
 from monarch_nb.telemetry import EventStore
@@ -35,7 +35,7 @@ from monarch_nb.telemetry.events import (
     ({"job": "yarn"}, "job", "local, process, slurm, kubernetes"),
     ({"min_replicas": 4}, "min_replicas", "1..3"),
     ({"hang_timeout_s": 0.1}, "hang_timeout_s", "poll_interval_s"),
-    ({"respawn": RespawnPolicy(max_respawns=-1)}, "respawn.max_respawns", ">= 0"),
+    ({"respawn": RespawnBackoff(max_respawns=-1)}, "respawn.max_respawns", ">= 0"),
     ({"heal_interface": "eth 1"}, "heal_interface", "not a network interface name"),
     ({"heal_interface": "eth1", "heal_transport": "pg"}, "heal_interface", "heal_transport='striped'"),
     ({"recovery": "torchrun"}, "recovery", "peer, restart, plain_restart"),
@@ -73,35 +73,35 @@ def test_a_heal_interface_resolves_to_its_address_or_names_the_ones_there_are():
 
 
 def test_config_round_trips_through_a_dict():
-    cfg = RunConfig(replicas=2, respawn=RespawnPolicy(max_respawns=3, backoff_s=0.5))
+    cfg = RunConfig(replicas=2, respawn=RespawnBackoff(max_respawns=3, backoff_s=0.5))
     assert RunConfig.from_dict(json.loads(json.dumps(cfg.to_dict()))) == cfg
     with pytest.raises(ValueError, match="^bogus: unknown config field"):
         RunConfig.from_dict({"bogus": 1})
-    # a run recorded before the respawn policy had its own name resumes with it
+    # a run recorded before the respawn backoff had its own name resumes with it
     old = {**cfg.to_dict(), "restart": {"max_restarts": 3, "backoff_s": 0.5}}
     del old["respawn"]
     assert RunConfig.from_dict(old) == cfg
 
 
-# ---- respawn policy -----------------------------------------------------------------------
+# ---- respawn backoff ----------------------------------------------------------------------
 
 
-def test_respawn_policy_retries_at_once_then_backs_off_up_to_a_cap_then_gives_up():
-    p = RespawnPolicy(max_respawns=5, backoff_s=1.0, backoff_factor=2.0, max_backoff_s=5.0)
+def test_respawn_backoff_retries_at_once_then_backs_off_up_to_a_cap_then_gives_up():
+    p = RespawnBackoff(max_respawns=5, backoff_s=1.0, backoff_factor=2.0, max_backoff_s=5.0)
     # the first attempt after the group trained is immediate; attempts in a row back off
     assert [p.wait_before(n) for n in range(1, 7)] == [0.0, 1.0, 2.0, 4.0, 5.0, 5.0]
     assert [p.allows(n) for n in (1, 5, 6)] == [True, True, False]  # attempts in a row
-    assert not RespawnPolicy(max_respawns=0).allows(1)
+    assert not RespawnBackoff(max_respawns=0).allows(1)
 
 
-@pytest.mark.parametrize("policy, field", [
-    (RespawnPolicy(backoff_s=-1), "respawn.backoff_s"),
-    (RespawnPolicy(backoff_factor=0.5), "respawn.backoff_factor"),
-    (RespawnPolicy(backoff_s=10, max_backoff_s=1), "respawn.max_backoff_s"),
+@pytest.mark.parametrize("backoff, field", [
+    (RespawnBackoff(backoff_s=-1), "respawn.backoff_s"),
+    (RespawnBackoff(backoff_factor=0.5), "respawn.backoff_factor"),
+    (RespawnBackoff(backoff_s=10, max_backoff_s=1), "respawn.max_backoff_s"),
 ])
-def test_respawn_policy_rejects_nonsense(policy, field):
+def test_respawn_backoff_rejects_nonsense(backoff, field):
     with pytest.raises(ValueError, match=f"^{field}:"):
-        policy.validate()
+        backoff.validate()
 
 
 # ---- faults -------------------------------------------------------------------------------

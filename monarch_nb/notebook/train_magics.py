@@ -155,7 +155,7 @@ class TrainingCommands:
         return self.run
 
     def train(self, args: argparse.Namespace, session: Session, shell: Any) -> FTRun:
-        from ..ft import FTRun, RespawnPolicy, RunConfig
+        from ..ft import FTRun, RespawnBackoff, RunConfig
 
         if self.run is not None and not self.run.stopped:
             raise UsageError(f"run {self.run.run_id} is still active; `%monarch stop` it first")
@@ -183,7 +183,7 @@ class TrainingCommands:
         try:
             config = RunConfig.from_toml(args.config, **overrides) if args.config else RunConfig(**overrides)
             if args.max_respawns is not None:
-                respawn = dataclasses.replace(config.respawn or RespawnPolicy(), max_respawns=args.max_respawns)
+                respawn = dataclasses.replace(config.respawn or RespawnBackoff(), max_respawns=args.max_respawns)
                 config = config.replace(respawn=respawn)
             config = config.validate()
         except (ValueError, TypeError) as exc:

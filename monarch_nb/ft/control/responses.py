@@ -1,7 +1,7 @@
 """What the supervisor does about a failed group: one small class per ``RunConfig.recovery``.
 
 * :class:`PeerResponse` ("peer"): only the failed group is torn down and brought back (a warm
-  spare, or fresh processes, as often as its :class:`~.respawn.RespawnPolicy` allows); it heals
+  spare, or fresh processes, as often as its :class:`~.respawn.RespawnBackoff` allows); it heals
   from a live peer while the others train on.
 * :class:`RestartResponse` ("restart"): every group stops and all of them restart from the
   newest durable checkpoint, loading it at once; torchft's quorum still runs every step.

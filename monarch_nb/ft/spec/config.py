@@ -3,7 +3,7 @@
 :class:`RunConfig` is a frozen dataclass: replica groups and their size, the torchtitan
 model flavour, the train step's shape (sequence length, batch, learning rate), torchft's
 timing knobs (heartbeat, quorum, process-group timeout), how the controller decides that
-a group is hung, the respawn policy and the platform. ``validate()`` raises ``ValueError``
+a group is hung, the respawn backoff and the platform. ``validate()`` raises ``ValueError``
 naming the offending field and the values it accepts; ``FTRun`` calls it first.
 ``RunConfig.from_toml(path)`` reads a torchtitan-style job file (:mod:`.jobfile` holds the
 mapping of its sections and keys); ``help(RunConfig)`` documents every field.
@@ -22,7 +22,7 @@ from typing import Any
 from .flavors import FLAVOR_NAMES
 from .jobfile import read_job_file
 from .platform import PLATFORMS
-from .respawn import RespawnPolicy
+from .respawn import RespawnBackoff
 
 # Llama 3 flavours: torchtitan 0.3.0's (torchtitan.models.llama3.llama3_configs) and monarch_nb's
 # "small" and "medium" (monarch_nb/ft/spec/flavors.py), smallest first. Listed without importing
@@ -204,9 +204,9 @@ class RunConfig:
             (4x): a starved or overloaded process is not hung (``Supervisor.hang_deadline``).
         init_timeout_s: how long building a group's trainers may take (imports, model and
             optimizer), at start and at every respawn (default 180 s).
-        respawn: :class:`RespawnPolicy`: how many times a failed group is brought back and
+        respawn: :class:`RespawnBackoff`: how many times a failed group is brought back and
             how long to wait between attempts in a row (default: up to 10 per group over the
-            run, with a growing wait; see ``help(RespawnPolicy)``).
+            run, with a growing wait; see ``help(RespawnBackoff)``).
         check_identical: after every rejoin, prove the replicas bit-identical by hashing
             parameters and optimizer state at a common step (default True).
         runs_root: where run directories go (None, default: $MONARCH_NB_RUNS, else ./runs).
@@ -263,7 +263,7 @@ class RunConfig:
     poll_interval_s: float = 0.25  # how often each group's telemetry is drained
     hang_timeout_s: float = 5.0  # a group that answers nothing for this long is hung
     init_timeout_s: float = 180.0  # actor construction (imports, model build)
-    respawn: RespawnPolicy = field(default_factory=RespawnPolicy)  # respawns per group, backoff
+    respawn: RespawnBackoff = field(default_factory=RespawnBackoff)  # respawns per group, backoff
     check_identical: bool = True  # hash parameters + optimizer state after every heal
     runs_root: str | None = None  # default: $MONARCH_NB_RUNS or ./runs
     run_name: str | None = None  # default: a timestamp
@@ -351,8 +351,8 @@ class RunConfig:
         if self.recovery == "plain_restart" and self.spares:
             raise ValueError(f"spares: a plain_restart job restarts every process on a failure, a warm spare has "
                              f"nothing to replace; got spares={self.spares} (use recovery='peer' for spares)")
-        if not isinstance(self.respawn, RespawnPolicy):
-            raise ValueError(f"respawn: must be a RespawnPolicy, got {type(self.respawn).__name__}")
+        if not isinstance(self.respawn, RespawnBackoff):
+            raise ValueError(f"respawn: must be a RespawnBackoff, got {type(self.respawn).__name__}")
         self.respawn.validate()
         if not isinstance(self.env, dict) or not all(isinstance(k, str) and isinstance(v, str)
                                                      for k, v in self.env.items()):
@@ -391,11 +391,11 @@ class RunConfig:
         if unknown:
             raise ValueError(f"{unknown[0]}: unknown config field; allowed fields: {', '.join(sorted(known))}")
         if isinstance(data.get("respawn"), dict):
-            allowed = {f.name for f in dataclasses.fields(RespawnPolicy)}
+            allowed = {f.name for f in dataclasses.fields(RespawnBackoff)}
             extra = sorted(set(data["respawn"]) - allowed, key=str)
             if extra:
                 raise ValueError(f"respawn.{extra[0]}: unknown key; allowed keys: {', '.join(sorted(allowed))}")
-            data["respawn"] = RespawnPolicy(**data["respawn"])
+            data["respawn"] = RespawnBackoff(**data["respawn"])
         return cls(**data)
 
     @classmethod
