@@ -38,8 +38,8 @@ from monarch_nb.telemetry.events import (
     ({"respawn": RespawnBackoff(max_respawns=-1)}, "respawn.max_respawns", ">= 0"),
     ({"heal_interface": "eth 1"}, "heal_interface", "not a network interface name"),
     ({"heal_interface": "eth1", "heal_transport": "pg"}, "heal_interface", "heal_transport='striped'"),
-    ({"recovery": "torchrun"}, "recovery", "peer, restart, plain_restart"),
-    ({"recovery": "plain_restart", "spares": 1}, "spares", "recovery='peer'"),
+    ({"on_failure": "torchrun"}, "on_failure", "peer, restart, plain_restart"),
+    ({"on_failure": "plain_restart", "spares": 1}, "spares", "on_failure='peer'"),
 ])
 def test_invalid_config_names_field_and_allowed_values(changes, field, allowed):
     with pytest.raises(ValueError) as err:
@@ -81,6 +81,41 @@ def test_config_round_trips_through_a_dict():
     old = {**cfg.to_dict(), "restart": {"max_restarts": 3, "backoff_s": 0.5}}
     del old["respawn"]
     assert RunConfig.from_dict(old) == cfg
+
+
+def test_a_config_that_says_recovery_loads_as_on_failure():
+    """``recovery`` was on_failure's name: an old dict (a run's recorded config) still loads, and
+    one that gives both names, differently, is refused naming both and which to keep."""
+    old = {**RunConfig(replicas=2).to_dict(), "recovery": "restart"}
+    del old["on_failure"]
+    assert RunConfig.from_dict(old) == RunConfig(replicas=2, on_failure="restart")
+    assert RunConfig.from_dict({**old, "on_failure": "restart"}).on_failure == "restart"  # both, the same
+    with pytest.raises(ValueError) as err:
+        RunConfig.from_dict({**old, "on_failure": "peer"})
+    assert str(err.value) == ("on_failure: on_failure = 'peer' and recovery = 'restart' (its older name) differ; "
+                              "keep only on_failure")
+    with pytest.raises(ValueError, match="^on_failure: unknown value 'torchrun'"):
+        RunConfig.from_dict({"recovery": "torchrun"}).validate()
+
+
+def test_a_run_recorded_with_recovery_resumes_with_its_on_failure(tmp_path):
+    """FTRun.resume reads the run's recorded config: an old run's ``recovery`` is its on_failure,
+    and an ``on_failure`` given to the resume replaces it."""
+    import torch
+
+    from monarch_nb.ft.control.opening import resume_point
+    from monarch_nb.ft.spec.checkpoint_format import COMPLETE, META, step_dir
+
+    recorded = {**RunConfig(replicas=2, model="tiny", checkpoint_every=5).to_dict(), "recovery": "restart"}
+    del recorded["on_failure"]
+    EventStore(tmp_path / "events.jsonl").append(RunStarted(t=1.0, run_id=tmp_path.name, config=recorded))
+    checkpoint = step_dir(tmp_path / "checkpoints", 5)
+    checkpoint.mkdir(parents=True)
+    torch.save({"fingerprint": {"model": "tiny", "group_size": 1}, "run_id": tmp_path.name}, checkpoint / META)
+    (checkpoint / COMPLETE).touch()
+    cfg, _, at = resume_point(tmp_path, {})
+    assert cfg.on_failure == "restart" and at.step == 5
+    assert resume_point(tmp_path, {"on_failure": "peer"})[0].on_failure == "peer"
 
 
 # ---- respawn backoff ----------------------------------------------------------------------

@@ -230,7 +230,7 @@ def test_the_generated_lines_start_with_every_real_subcommand():
 FIELDS = {f.name for f in dataclasses.fields(RunConfig)}
 RESPAWN_FIELDS = {f.name for f in dataclasses.fields(RespawnBackoff)}
 # Values a field accepts, so that generated configs get past the first refusal.
-KNOWN_VALUES = {"model": config_module.MODELS, "job": config_module.JOBS, "recovery": config_module.RECOVERIES,
+KNOWN_VALUES = {"model": config_module.MODELS, "job": config_module.JOBS, "on_failure": config_module.ON_FAILURE,
                 "heal_transport": config_module.HEAL_TRANSPORTS, "platform": ("auto", "cpu", "cuda", "rocm"),
                 "backend": ("gloo", "nccl"), "advertise_host": ("127.0.0.1", "localhost", "auto", "10.0.0.1", "::1"),
                 "time_limit": ("10", "01:00:00", "1-00:00:00", "99:99"), "partition": ("debug", " "),

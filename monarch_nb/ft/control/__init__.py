@@ -15,7 +15,7 @@ across a call to a worker.
   SparePool._lock             the spares and their states
   Supervisor._acks_lock       per group, the last event sequence the controller holds
   TotalLoss._lock             one total-loss episode at a time (total_loss.py)
-  RestartResponse.lock        the claim of a restart of every group (recovery="restart")
+  RestartResponse.lock        the claim of a restart of every group (on_failure="restart")
   FaultInjector._lock         the fault log's read position and the firings read from it
   IdentityChecks._lock        pending digest requests and their reports
   ProcessJobPlacement._lock   the ProcessJob the groups' hosts come from (one per run)

@@ -1,7 +1,7 @@
-"""What the supervisor does about a failed group: one small class per ``RunConfig.recovery``.
+"""What the supervisor does about a failed group: one small class per ``RunConfig.on_failure``.
 
 * :class:`PeerResponse` ("peer"): only the failed group is torn down and brought back (a warm
-  spare, or fresh processes, as often as its :class:`~.respawn.RespawnBackoff` allows); it heals
+  spare, or fresh processes, as often as its :class:`~..spec.respawn.RespawnBackoff` allows); it heals
   from a live peer while the others train on.
 * :class:`RestartResponse` ("restart"): every group stops and all of them restart from the
   newest durable checkpoint, loading it at once; torchft's quorum still runs every step.
@@ -138,7 +138,7 @@ class RestartResponse(FailureResponse):
         self.restarting = threading.Event()
 
     def action(self) -> str:
-        return f"recovery={self.name!r}: every group stops and restarts from the newest checkpoint"
+        return f"on_failure={self.name!r}: every group stops and restarts from the newest checkpoint"
 
     def busy(self) -> bool:
         return self.restarting.is_set()
@@ -198,4 +198,4 @@ RESPONSES: dict[str, type[FailureResponse]] = {p.name: p for p in (PeerResponse,
 
 
 def response_for(means: ResponseMeans) -> FailureResponse:
-    return RESPONSES[means.config.recovery](means)
+    return RESPONSES[means.config.on_failure](means)

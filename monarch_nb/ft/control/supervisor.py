@@ -3,7 +3,7 @@
 One thread per group (``ft-supervise-replicaN``) polls its trainers every poll interval; the
 :class:`~.detector.Detector` says whether the group failed and how. Recovery happens in that
 group's thread only - survivors never restart - by the run's failure response
-(:mod:`.responses`, one class per ``RunConfig.recovery``), which uses the supervisor's means
+(:mod:`.responses`, one class per ``RunConfig.on_failure``), which uses the supervisor's means
 (:class:`~.responses.ResponseMeans`): the :class:`~.launcher.Launcher` tears the group down and
 brings it up again (a warm spare or fresh processes), torchft heals it from a live peer at the
 next quorum, and its first committed step is its rejoin. When no live peer is left,
@@ -280,7 +280,7 @@ class Supervisor:
                                     "its peers hold the final state")
         return True
 
-    # ---- responding: one class per mode (responses.py) -------------------------------------
+    # ---- responding: one class per on_failure (responses.py) -------------------------------
 
     def failure_action(self, mesh: str) -> str:
         """What this run does when a rank of ``mesh`` fails (the notice says it after the fault)."""
@@ -301,7 +301,7 @@ class Supervisor:
             log.debug("reporting the failure of %s: %s", g.name, exc)
 
     def respond(self, g: ReplicaGroup, failure: Failure) -> None:
-        """Bring the run back from ``g``'s failure, the way ``config.recovery`` says."""
+        """Bring the run back from ``g``'s failure, the way ``config.on_failure`` says."""
         self.response.respond(g, failure)
 
     def fired_time(self, g: ReplicaGroup) -> float | None:
