@@ -8,7 +8,7 @@ measures instead:
 * **alone** (``--alone``): one group coming back when it is the only thing rebuilding, in wall
   time and in CPU-seconds of its new process (psutil, at its first committed step): a peer
   recovery (FTRun, 2 groups, ``kill``; phases from the run's history) and a restart from a
-  durable checkpoint (FTRun, 1 group, ``recovery="restart"``).
+  durable checkpoint (FTRun, 1 group, ``on_failure="restart"``).
 * **the parts that depend on R**, for R in ``--groups`` (default 1,2,4,8,16), each run by R real
   processes from one pool started once (so their ``import torch`` is not counted):
   - ``store``: R processes meet at a torch ``TCPStore`` (every worker connected);
@@ -261,7 +261,7 @@ def measure_alone(model: str, faults: int) -> dict[str, Any]:
 
     out: dict[str, Any] = {}
     for mode, replicas in (("peer", 2), ("restart", 1)):
-        cfg = RunConfig(replicas=replicas, model=model, recovery=mode, steps=100000,
+        cfg = RunConfig(replicas=replicas, model=model, on_failure=mode, steps=100000,
                         checkpoint_every=5 if mode == "restart" else None,
                         run_name=f"cost-alone-{mode}-{model}-{time.strftime('%H%M%S')}")
         run = FTRun(cfg)

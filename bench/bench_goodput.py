@@ -6,17 +6,17 @@ the other on this machine, each until the same target step (or, if it gets no fu
 never reaches it, and its goodput is then its rate of progress):
 
   no_faults            the reference: nothing injected, no durable checkpoints
-  peer                 recovery="peer": a failed group heals from a live peer, the others train
+  peer                 on_failure="peer": a failed group heals from a live peer, the others train
                        on; durable checkpoints every K steps like the restart arms (a user of peer
                        recovery still keeps them, for a total loss), so the race is fair
   peer_no_checkpoints  the same without durable checkpoints: what they cost
-  restart              recovery="restart": on any failure every group stops and all restart from
+  restart              on_failure="restart": on any failure every group stops and all restart from
                        the newest durable checkpoint, taken every K steps with K from Young/Daly:
                        K = sqrt(2 * save_cost * MTBF) / step_time, save_cost measured (an
                        asynchronous DCP save's stall plus its write's slowdown of the next steps,
                        see Calibration) and MTBF the fault period; torchft's quorum per step
                        still runs
-  plain_restart        recovery="plain_restart": the old way as users run it - no torchft, one
+  plain_restart        on_failure="plain_restart": the old way as users run it - no torchft, one
                        process group over every group (torchtitan under torchrun), every process
                        restarted on any failure and loading the newest checkpoint, all at once
   restart_fixed_k      restart with one common fixed K (--fixed-k, default 50)
@@ -149,7 +149,7 @@ def lost_time(run: FTRun, faults: list[float], until_t: float, step_time: float)
     redo = sum(r.lost_steps for r in restarts) * step_time
     saves = sum(e.stall for e in ev.events("checkpoint_saved") if e.t <= until_t)
     survivor = 0.0
-    if run.config.recovery == "peer":
+    if run.config.on_failure == "peer":
         commits = sorted(e.t for e in run.history().steps() if e.t <= until_t)
         for tf in faults:
             before = [t for t in commits if t <= tf]
@@ -210,7 +210,7 @@ def run_arm(arm: str, config: RunConfig, a: argparse.Namespace, period: float, s
     tokens = useful_tokens(steps, config, done.t)
     restarts = run.events.events("restarted_from_checkpoint")
     return {
-        "groups": config.replicas, "arm": arm, "recovery": config.recovery, "model": config.model,
+        "groups": config.replicas, "arm": arm, "on_failure": config.on_failure, "model": config.model,
         "checkpoint_every": config.checkpoint_every, "spares": config.spares,
         "period_s": period if arm != "no_faults" else None, "target_step": a.target,
         "reached_step": min(done.step, a.target), "limit_s": limit_s, "wall_s": wall, "faults": len(faults),
@@ -269,9 +269,9 @@ def arm_config(arm: str, base: dict, k: int, fixed_k: int) -> RunConfig:
     return {"no_faults": lambda: RunConfig(**base),
             "peer": lambda: RunConfig(**base, checkpoint_every=k),
             "peer_no_checkpoints": lambda: RunConfig(**base),
-            "restart": lambda: RunConfig(**base, recovery="restart", checkpoint_every=k),
-            "plain_restart": lambda: RunConfig(**base, recovery="plain_restart", checkpoint_every=k),
-            "restart_fixed_k": lambda: RunConfig(**base, recovery="restart", checkpoint_every=fixed_k),
+            "restart": lambda: RunConfig(**base, on_failure="restart", checkpoint_every=k),
+            "plain_restart": lambda: RunConfig(**base, on_failure="plain_restart", checkpoint_every=k),
+            "restart_fixed_k": lambda: RunConfig(**base, on_failure="restart", checkpoint_every=fixed_k),
             "peer_spare": lambda: RunConfig(**base, spares=1, checkpoint_every=k)}[arm]()
 
 

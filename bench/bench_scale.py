@@ -19,7 +19,7 @@ process per group, one warm spare) with a dashboard attached in this process:
   the controller share two cores, so wall seconds grow with R for reasons a cluster with a
   node per group would not have; CPU-seconds per group do not).
 
-and for R <= --restart-max, the same failure with ``recovery="restart"`` (every group restarts
+and for R <= --restart-max, the same failure with ``on_failure="restart"`` (every group restarts
 from the last durable checkpoint; ``back_s`` is the time until every group committed again).
 
 Writes ``{"records": [...], "runs": [...], "parallel_on_a_cluster": {...}, ...}`` and one PNG
@@ -147,7 +147,7 @@ def start_run(replicas: int, mode: str, job: str, spares: int, checkpoint_every:
               ) -> tuple[FTRun, float]:
     if job == "slurm":
         check_slurm_slots(replicas + spares)
-    cfg = RunConfig(replicas=replicas, model="tiny", job=job, spares=spares, recovery=mode,
+    cfg = RunConfig(replicas=replicas, model="tiny", job=job, spares=spares, on_failure=mode,
                     checkpoint_every=10 if mode == "restart" else checkpoint_every, init_timeout_s=900,
                     run_name=f"scale-{mode}-r{replicas}-{time.strftime('%H%M%S')}")
     run = FTRun(cfg)

@@ -32,7 +32,7 @@ from lab.costmodel import SEED_CLUSTERS, Cluster, extrapolate, fit  # noqa: E402
 
 
 def measure(replicas: int, model: str, mode: str, faults: int) -> list[dict]:
-    cfg = RunConfig(replicas=replicas, model=model, recovery=mode, checkpoint_every=10 if mode == "restart" else None,
+    cfg = RunConfig(replicas=replicas, model=model, on_failure=mode, checkpoint_every=10 if mode == "restart" else None,
                     init_timeout_s=600, run_name=f"scale-{mode}-r{replicas}-{model}-{time.strftime('%H%M%S')}")
     run = FTRun(cfg)
     out = []

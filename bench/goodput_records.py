@@ -10,6 +10,12 @@ def race(record: dict) -> tuple[int, str]:
     return record["groups"], record.get("model", "debugmodel")
 
 
+def on_failure(record: dict) -> str:
+    """What the arm did about a failure (RunConfig.on_failure: peer, restart, plain_restart);
+    records written before the field had that name keep it as ``recovery``."""
+    return record["on_failure"] if "on_failure" in record else record["recovery"]
+
+
 def reached(record: dict) -> int:
     """The step an arm got to: its target, or where it stopped at its limit (records from before
     the limit existed have no ``reached_step``: they all reached the target)."""

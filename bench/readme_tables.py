@@ -16,7 +16,7 @@ there is what the JSON says. Blocks:
                   (bench/bench_heal.py --quick)
   heal_links      a heal from k donors over rate-limited links (the netns cluster), from
                   bench/results/heal_links.json (bench/bench_heal_links.py)
-  goodput         the race of every recovery mode at each group count, from
+  goodput         the race of every on_failure setting at each group count, from
                   bench/results/goodput.json (bench/bench_goodput.py --quick --groups 3,8)
 
 Usage: python bench/readme_tables.py            print the blocks

@@ -43,7 +43,7 @@ def __getattr__(name):  # noqa: ANN001
         from .notebook.dashboard import Dashboard
 
         return Dashboard
-    if name in ("FTRun", "RunConfig", "RespawnPolicy", "FaultKind", "FaultSchedule"):
+    if name in ("FTRun", "RunConfig", "RespawnBackoff", "FaultKind", "FaultSchedule"):
         from . import ft
 
         return getattr(ft, name)
@@ -58,7 +58,7 @@ def open_run(path):  # noqa: ANN001
 
 
 __all__ = [
-    "CallTimeout", "Dashboard", "DeadlineMesh", "FTRun", "FaultKind", "FaultSchedule", "RespawnPolicy", "RunConfig", "EventStore", "MeshHandle", "MeshResult", "MonarchNbError",
+    "CallTimeout", "Dashboard", "DeadlineMesh", "FTRun", "FaultKind", "FaultSchedule", "RespawnBackoff", "RunConfig", "EventStore", "MeshHandle", "MeshResult", "MonarchNbError",
     "ProcInfo", "RemoteError", "Session", "SliceError", "UnknownMeshError", "current_session",
     "load_ipython_extension", "open_run", "unload_ipython_extension",
 ]

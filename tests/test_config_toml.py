@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from monarch_nb.ft import RespawnPolicy, RunConfig
+from monarch_nb.ft import RespawnBackoff, RunConfig
 from monarch_nb.ft.spec.config import MODELS
 from monarch_nb.ft.spec.jobfile import SECTIONS, describe_sections
 
@@ -94,7 +94,7 @@ def test_every_supported_torchtitan_key_lands_on_its_runconfig_field(tmp_path):
     assert (cfg.checkpoint_every, cfg.checkpoint_dir, cfg.checkpoint_keep) == (10, "ckpt", 2)
     assert (cfg.spares, cfg.partition, cfg.job) == (1, "debug", "slurm")
     assert cfg.hang_timeout_s == 8.0 and cfg.env == {"FOO": "bar"}
-    assert cfg.respawn == dataclasses.replace(RespawnPolicy(), max_respawns=4, backoff_s=0.5)
+    assert cfg.respawn == dataclasses.replace(RespawnBackoff(), max_respawns=4, backoff_s=0.5)
 
 
 def test_older_torchtitan_names_and_defaults(tmp_path):
@@ -110,6 +110,22 @@ def test_older_torchtitan_names_and_defaults(tmp_path):
     assert cfg.checkpoint_every == 500  # torchtitan's default interval
     off = RunConfig.from_toml(job_file(tmp_path, "[checkpoint]\nenable = false\ninterval = 10\n"))
     assert off.checkpoint_every is None
+
+
+def test_a_file_that_says_recovery_means_on_failure(tmp_path):
+    """``recovery`` was on_failure's name: an old job file still loads; one that gives both names,
+    differently, is refused naming both keys, which to keep and the file."""
+    path = job_file(tmp_path, "[monarch_nb]\nrecovery = \"restart\"\n")
+    assert RunConfig.from_toml(path).on_failure == "restart"
+    assert RunConfig.from_toml(path, on_failure="peer").on_failure == "peer"  # an override replaces it
+    both = job_file(tmp_path, "[monarch_nb]\non_failure = \"peer\"\nrecovery = \"restart\"\n")
+    with pytest.raises(ValueError) as err:
+        RunConfig.from_toml(both)
+    assert str(err.value) == (f"on_failure: [monarch_nb] on_failure = 'peer' and [monarch_nb] recovery = 'restart' "
+                              f"(its older name) differ; keep only [monarch_nb] on_failure ({both})")
+    bad = job_file(tmp_path, "[monarch_nb]\nrecovery = \"torchrun\"\n")
+    with pytest.raises(ValueError, match=r"^\[monarch_nb\] recovery: unknown value 'torchrun'.*RunConfig\.on_failure"):
+        RunConfig.from_toml(bad)
 
 
 def test_an_empty_file_is_the_default_config(tmp_path):

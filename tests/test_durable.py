@@ -110,11 +110,11 @@ def test_a_checkpoint_interrupted_mid_write_is_skipped(lost_and_resumed, tmp_pat
         shutil.rmtree(torn)
 
 
-@pytest.mark.parametrize("recovery", ["restart", "plain_restart"])
-def test_restart_mode_restarts_every_group_from_disk(tmp_path, recovery):
-    """recovery="restart" (torchft's quorum per step) and "plain_restart" (no torchft: one
+@pytest.mark.parametrize("on_failure", ["restart", "plain_restart"])
+def test_restart_mode_restarts_every_group_from_disk(tmp_path, on_failure):
+    """on_failure="restart" (torchft's quorum per step) and "plain_restart" (no torchft: one
     process group over the job, as torchtitan under torchrun) restart every group the same way."""
-    run = FTRun(RunConfig(replicas=2, checkpoint_every=5, recovery=recovery, runs_root=str(tmp_path)))
+    run = FTRun(RunConfig(replicas=2, checkpoint_every=5, on_failure=on_failure, runs_root=str(tmp_path)))
     try:
         run.start()
         saved = run.wait_for(lambda e: e.kind == "checkpoint_saved" and e.step >= 5, timeout=240)
@@ -151,7 +151,7 @@ def test_restart_mode_restarts_every_group_from_disk(tmp_path, recovery):
         assert steps[:restarted.lost_steps + 1] == list(range(restarted.step + 1, last_before + 2)), (v, steps)
     assert identical.identical
     assert not run.events.events("healed"), "the old way reads state from disk, not from a peer"
-    # each group read the checkpoint itself (all at once: policies.CheckpointRestart), its load time recorded
+    # each group read the checkpoint itself (all at once: responses.RestartResponse), its load time recorded
     loads = [e for e in events if e.kind == "checkpoint_loaded" and e.t >= since]
     assert sorted(e.replica for e in loads) == [0, 1] and all(e.step == restarted.step and e.seconds > 0
                                                                 for e in loads), loads
@@ -159,7 +159,7 @@ def test_restart_mode_restarts_every_group_from_disk(tmp_path, recovery):
     assert [e.replica for e in events if e.kind == "failure_detected"] == [1]
     assert [e.mesh for e in events if e.kind == "worker_failed"] == ["replica1"]
     steps = [e for e in events if e.kind == "step"]
-    if recovery == "plain_restart":  # no Lighthouse, no quorum: the job's own process group
+    if on_failure == "plain_restart":  # no Lighthouse, no quorum: the job's own process group
         assert run.lighthouse is None and not run.events.events("lighthouse_started")
         assert not run.events.events("quorum") and all(e.quorum_id is None for e in steps)
     else:

@@ -1,4 +1,4 @@
-"""Fault-tolerance layer, the parts that need no process: config validation, respawn policy,
+"""Fault-tolerance layer, the parts that need no process: config validation, respawn backoff,
 fault specs and schedules, platform choice, the tiny data set, and history from a log."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import types
 
 import pytest
 
-from monarch_nb.ft import Fault, FaultKind, FaultSchedule, RespawnPolicy, RunConfig, open_run, select_platform
+from monarch_nb.ft import Fault, FaultKind, FaultSchedule, RespawnBackoff, RunConfig, open_run, select_platform
 from monarch_nb.ft.control.run import FTRun
 from monarch_nb.ft.spec.platform import check_gpu_sharing
 from monarch_nb.telemetry import EventStore
@@ -35,11 +35,11 @@ from monarch_nb.telemetry.events import (
     ({"job": "yarn"}, "job", "local, process, slurm, kubernetes"),
     ({"min_replicas": 4}, "min_replicas", "1..3"),
     ({"hang_timeout_s": 0.1}, "hang_timeout_s", "poll_interval_s"),
-    ({"respawn": RespawnPolicy(max_respawns=-1)}, "respawn.max_respawns", ">= 0"),
+    ({"respawn": RespawnBackoff(max_respawns=-1)}, "respawn.max_respawns", ">= 0"),
     ({"heal_interface": "eth 1"}, "heal_interface", "not a network interface name"),
     ({"heal_interface": "eth1", "heal_transport": "pg"}, "heal_interface", "heal_transport='striped'"),
-    ({"recovery": "torchrun"}, "recovery", "peer, restart, plain_restart"),
-    ({"recovery": "plain_restart", "spares": 1}, "spares", "recovery='peer'"),
+    ({"on_failure": "torchrun"}, "on_failure", "peer, restart, plain_restart"),
+    ({"on_failure": "plain_restart", "spares": 1}, "spares", "on_failure='peer'"),
 ])
 def test_invalid_config_names_field_and_allowed_values(changes, field, allowed):
     with pytest.raises(ValueError) as err:
@@ -73,35 +73,70 @@ def test_a_heal_interface_resolves_to_its_address_or_names_the_ones_there_are():
 
 
 def test_config_round_trips_through_a_dict():
-    cfg = RunConfig(replicas=2, respawn=RespawnPolicy(max_respawns=3, backoff_s=0.5))
+    cfg = RunConfig(replicas=2, respawn=RespawnBackoff(max_respawns=3, backoff_s=0.5))
     assert RunConfig.from_dict(json.loads(json.dumps(cfg.to_dict()))) == cfg
     with pytest.raises(ValueError, match="^bogus: unknown config field"):
         RunConfig.from_dict({"bogus": 1})
-    # a run recorded before the respawn policy had its own name resumes with it
+    # a run recorded before the respawn backoff had its own name resumes with it
     old = {**cfg.to_dict(), "restart": {"max_restarts": 3, "backoff_s": 0.5}}
     del old["respawn"]
     assert RunConfig.from_dict(old) == cfg
 
 
-# ---- respawn policy -----------------------------------------------------------------------
+def test_a_config_that_says_recovery_loads_as_on_failure():
+    """``recovery`` was on_failure's name: an old dict (a run's recorded config) still loads, and
+    one that gives both names, differently, is refused naming both and which to keep."""
+    old = {**RunConfig(replicas=2).to_dict(), "recovery": "restart"}
+    del old["on_failure"]
+    assert RunConfig.from_dict(old) == RunConfig(replicas=2, on_failure="restart")
+    assert RunConfig.from_dict({**old, "on_failure": "restart"}).on_failure == "restart"  # both, the same
+    with pytest.raises(ValueError) as err:
+        RunConfig.from_dict({**old, "on_failure": "peer"})
+    assert str(err.value) == ("on_failure: on_failure = 'peer' and recovery = 'restart' (its older name) differ; "
+                              "keep only on_failure")
+    with pytest.raises(ValueError, match="^on_failure: unknown value 'torchrun'"):
+        RunConfig.from_dict({"recovery": "torchrun"}).validate()
 
 
-def test_respawn_policy_retries_at_once_then_backs_off_up_to_a_cap_then_gives_up():
-    p = RespawnPolicy(max_respawns=5, backoff_s=1.0, backoff_factor=2.0, max_backoff_s=5.0)
+def test_a_run_recorded_with_recovery_resumes_with_its_on_failure(tmp_path):
+    """FTRun.resume reads the run's recorded config: an old run's ``recovery`` is its on_failure,
+    and an ``on_failure`` given to the resume replaces it."""
+    import torch
+
+    from monarch_nb.ft.control.opening import resume_point
+    from monarch_nb.ft.spec.checkpoint_format import COMPLETE, META, step_dir
+
+    recorded = {**RunConfig(replicas=2, model="tiny", checkpoint_every=5).to_dict(), "recovery": "restart"}
+    del recorded["on_failure"]
+    EventStore(tmp_path / "events.jsonl").append(RunStarted(t=1.0, run_id=tmp_path.name, config=recorded))
+    checkpoint = step_dir(tmp_path / "checkpoints", 5)
+    checkpoint.mkdir(parents=True)
+    torch.save({"fingerprint": {"model": "tiny", "group_size": 1}, "run_id": tmp_path.name}, checkpoint / META)
+    (checkpoint / COMPLETE).touch()
+    cfg, _, at = resume_point(tmp_path, {})
+    assert cfg.on_failure == "restart" and at.step == 5
+    assert resume_point(tmp_path, {"on_failure": "peer"})[0].on_failure == "peer"
+
+
+# ---- respawn backoff ----------------------------------------------------------------------
+
+
+def test_respawn_backoff_retries_at_once_then_backs_off_up_to_a_cap_then_gives_up():
+    p = RespawnBackoff(max_respawns=5, backoff_s=1.0, backoff_factor=2.0, max_backoff_s=5.0)
     # the first attempt after the group trained is immediate; attempts in a row back off
     assert [p.wait_before(n) for n in range(1, 7)] == [0.0, 1.0, 2.0, 4.0, 5.0, 5.0]
     assert [p.allows(n) for n in (1, 5, 6)] == [True, True, False]  # attempts in a row
-    assert not RespawnPolicy(max_respawns=0).allows(1)
+    assert not RespawnBackoff(max_respawns=0).allows(1)
 
 
-@pytest.mark.parametrize("policy, field", [
-    (RespawnPolicy(backoff_s=-1), "respawn.backoff_s"),
-    (RespawnPolicy(backoff_factor=0.5), "respawn.backoff_factor"),
-    (RespawnPolicy(backoff_s=10, max_backoff_s=1), "respawn.max_backoff_s"),
+@pytest.mark.parametrize("backoff, field", [
+    (RespawnBackoff(backoff_s=-1), "respawn.backoff_s"),
+    (RespawnBackoff(backoff_factor=0.5), "respawn.backoff_factor"),
+    (RespawnBackoff(backoff_s=10, max_backoff_s=1), "respawn.max_backoff_s"),
 ])
-def test_respawn_policy_rejects_nonsense(policy, field):
+def test_respawn_backoff_rejects_nonsense(backoff, field):
     with pytest.raises(ValueError, match=f"^{field}:"):
-        policy.validate()
+        backoff.validate()
 
 
 # ---- faults -------------------------------------------------------------------------------

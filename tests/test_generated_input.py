@@ -31,7 +31,7 @@ from hypothesis import strategies as st
 from IPython.core.error import UsageError
 
 from monarch_nb.errors import MonarchNbError
-from monarch_nb.ft import RespawnPolicy, RunConfig, open_run
+from monarch_nb.ft import RespawnBackoff, RunConfig, open_run
 from monarch_nb.ft.spec import config as config_module
 from monarch_nb.ft.spec.jobfile import OWN_SECTION, SECTIONS
 from monarch_nb.notebook.args import HelpShown, non_negative_int, positive_float, positive_int
@@ -228,9 +228,9 @@ def test_the_generated_lines_start_with_every_real_subcommand():
 # ---- 2. RunConfig.from_dict(...).validate() -------------------------------------------------------
 
 FIELDS = {f.name for f in dataclasses.fields(RunConfig)}
-RESPAWN_FIELDS = {f.name for f in dataclasses.fields(RespawnPolicy)}
+RESPAWN_FIELDS = {f.name for f in dataclasses.fields(RespawnBackoff)}
 # Values a field accepts, so that generated configs get past the first refusal.
-KNOWN_VALUES = {"model": config_module.MODELS, "job": config_module.JOBS, "recovery": config_module.RECOVERIES,
+KNOWN_VALUES = {"model": config_module.MODELS, "job": config_module.JOBS, "on_failure": config_module.ON_FAILURE,
                 "heal_transport": config_module.HEAL_TRANSPORTS, "platform": ("auto", "cpu", "cuda", "rocm"),
                 "backend": ("gloo", "nccl"), "advertise_host": ("127.0.0.1", "localhost", "auto", "10.0.0.1", "::1"),
                 "time_limit": ("10", "01:00:00", "1-00:00:00", "99:99"), "partition": ("debug", " "),
@@ -260,7 +260,7 @@ def _for_hint(hint: Any) -> st.SearchStrategy:
         return TEXT
     if typing.get_origin(hint) is dict:
         return st.dictionaries(TEXT, st.one_of(TEXT, SCALARS), max_size=3)
-    if hint is RespawnPolicy:
+    if hint is RespawnBackoff:
         return st.dictionaries(st.one_of(st.sampled_from(sorted(RESPAWN_FIELDS)), st.text(max_size=5)),
                                st.one_of(INTS, FLOATS, TEXT, st.none()), max_size=4)
     return ANY_VALUE
@@ -397,7 +397,7 @@ KIND_VALUES = {"int": INTS, "float": st.one_of(FLOATS, INTS), "str": TEXT, "bool
 
 def _own_value(name: str) -> st.SearchStrategy:
     hint = HINTS[name]
-    if hint is RespawnPolicy:
+    if hint is RespawnBackoff:
         return st.dictionaries(st.one_of(st.sampled_from(sorted(RESPAWN_FIELDS)), _BARE_KEY),
                                st.one_of(INTS, FLOATS, TEXT), max_size=3)
     if typing.get_origin(hint) is dict:

@@ -189,8 +189,8 @@ class _Supervised:
 
     def _check(self, what: str) -> None:
         locks = [("GroupTable.lock", self.groups.lock), ("TotalLoss._lock", self.sup.total_loss._lock)]
-        if hasattr(self.sup.policy, "lock"):  # recovery="restart"
-            locks.append(("CheckpointRestart.lock", self.sup.policy.lock))
+        if hasattr(self.sup.response, "lock"):  # on_failure="restart"
+            locks.append(("RestartResponse.lock", self.sup.response.lock))
         for name, lock in locks:
             if not _free(lock):
                 self.held.append(f"{name} held during {what}")
@@ -210,15 +210,15 @@ def test_no_lock_is_held_across_a_trainer_call_or_an_emit():
 
 
 def test_a_restart_of_every_group_holds_no_lock_across_its_calls(monkeypatch):
-    """recovery="restart": one thread tears every group down and brings it back; it used to
+    """on_failure="restart": one thread tears every group down and brings it back; it used to
     hold its lock all along (down_many, spawns, trainer calls, emits)."""
     import monarch_nb.ft.control.launcher as launcher
 
     monkeypatch.setattr(launcher, "_trainer_class", lambda: object)  # no monarch, no torch
-    s = _Supervised(recovery="restart")
-    s.sup.recover(s.groups[0], Failure("killed", 0, 0.0, "pid"))
+    s = _Supervised(on_failure="restart")
+    s.sup.respond(s.groups[0], Failure("killed", 0, 0.0, "pid"))
     assert [g.attempts for g in s.groups] == [1, 1]
-    assert {"start", "poll"} <= set(s.calls) and not s.sup.policy.busy()
+    assert {"start", "poll"} <= set(s.calls) and not s.sup.response.busy()
     assert not s.held, s.held
 
 

@@ -2,7 +2,7 @@
 
 ``FTRun`` starts a torchft Lighthouse and R replica groups (Monarch proc meshes running
 torchtitan's Llama 3 under a torchft Manager), respawns failed groups under a
-``RespawnPolicy``, injects faults on demand (``FaultKind``, ``FaultSchedule``), proves that
+``RespawnBackoff``, injects faults on demand (``FaultKind``, ``FaultSchedule``), proves that
 healed replicas are bit-identical, and records everything in ``<run_dir>/events.jsonl``;
 ``open_run`` rebuilds a run's history from that file alone.
 """
@@ -13,7 +13,7 @@ from .record.recovery import Phase, Recovery, RecoveryTracker
 from .spec.config import RunConfig
 from .spec.faults import Fault, FaultKind, FaultSchedule
 from .spec.platform import Platform, select_platform
-from .spec.respawn import RespawnPolicy
+from .spec.respawn import RespawnBackoff
 
 __all__ = ["FTRun", "Fault", "FaultKind", "FaultSchedule", "Phase", "Platform", "Recovery", "RecoveryTracker",
-           "RespawnPolicy", "RunConfig", "RunHistory", "StopReport", "open_run", "select_platform"]
+           "RespawnBackoff", "RunConfig", "RunHistory", "StopReport", "open_run", "select_platform"]

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from IPython.core.error import UsageError
 
 from ..errors import Interrupted
-from ..ft.spec.config import MODELS, RECOVERIES
+from ..ft.spec.config import MODELS, ON_FAILURE
 from ..ft.spec.faults import CLUSTER_KINDS, FaultKind
 from .args import non_negative_int, positive_float, positive_int, positive_number
 from .progress import Line, Progress
@@ -66,7 +66,7 @@ def add_training_commands(sub: Any) -> None:
     train.add_argument("--checkpoint-every", type=positive_int, default=None, metavar="K",
                        help="a durable checkpoint (torch DCP, asynchronous) every K committed steps")
     train.add_argument("--checkpoint-dir", default=None, help="where checkpoints go (default: in the run directory)")
-    train.add_argument("--recovery", default=None, choices=list(RECOVERIES),
+    train.add_argument("--on-failure", default=None, choices=list(ON_FAILURE),
                        help="peer (default): heal from a live peer; restart: every group restarts from disk; "
                             "plain_restart: the same without torchft (one process group, as torchrun runs it)")
     train.add_argument("--resume", default=None, metavar="RUN_DIR",
@@ -155,7 +155,7 @@ class TrainingCommands:
         return self.run
 
     def train(self, args: argparse.Namespace, session: Session, shell: Any) -> FTRun:
-        from ..ft import FTRun, RespawnPolicy, RunConfig
+        from ..ft import FTRun, RespawnBackoff, RunConfig
 
         if self.run is not None and not self.run.stopped:
             raise UsageError(f"run {self.run.run_id} is still active; `%monarch stop` it first")
@@ -167,7 +167,7 @@ class TrainingCommands:
                   "run_name": args.name,
                   "partition": args.partition, "time_limit": args.time_limit, "spares": args.spares,
                   "checkpoint_every": args.checkpoint_every, "checkpoint_dir": args.checkpoint_dir,
-                  "recovery": args.recovery, "resume_from": args.resume_from}
+                  "on_failure": args.on_failure, "resume_from": args.resume_from}
         overrides = {k: v for k, v in fields.items() if v is not None}
         if args.resume:
             if args.config:
@@ -183,7 +183,7 @@ class TrainingCommands:
         try:
             config = RunConfig.from_toml(args.config, **overrides) if args.config else RunConfig(**overrides)
             if args.max_respawns is not None:
-                respawn = dataclasses.replace(config.respawn or RespawnPolicy(), max_respawns=args.max_respawns)
+                respawn = dataclasses.replace(config.respawn or RespawnBackoff(), max_respawns=args.max_respawns)
                 config = config.replace(respawn=respawn)
             config = config.validate()
         except (ValueError, TypeError) as exc:

@@ -245,7 +245,7 @@ class RestartedFromScratch(Event):
 
 @dataclass(frozen=True, kw_only=True)
 class RestartedFromCheckpoint(Event):
-    """recovery="restart": after a failure every group was stopped and restarted from disk."""
+    """on_failure="restart": after a failure every group was stopped and restarted from disk."""
 
     kind: ClassVar[str] = "restarted_from_checkpoint"
     step: int  # the checkpoint's step (0: none, from the start)

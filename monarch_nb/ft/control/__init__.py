@@ -1,6 +1,6 @@
 """Runs in the notebook kernel (the controller's threads): the run's lifecycle (``FTRun``, with
 where it lives ``opening``, how it ends ``finish`` and ``stopping``, ``scaling``), the
-``supervisor`` that watches groups and recovers them through a ``policies`` class, the
+``supervisor`` that watches groups and recovers them through a ``responses`` class, the
 ``launcher`` (bring groups up and down, warm ``spares``), the ``detector`` (has a group
 failed?), ``total_loss`` (no live peer left), ``placement``, the fault ``injector`` and its
 ``fault_delivery``, ``identity`` checks, the Lighthouse (``coordinator``, ``lighthouse``) and
@@ -15,7 +15,7 @@ across a call to a worker.
   SparePool._lock             the spares and their states
   Supervisor._acks_lock       per group, the last event sequence the controller holds
   TotalLoss._lock             one total-loss episode at a time (total_loss.py)
-  CheckpointRestart.lock      the claim of a restart of every group (recovery="restart")
+  RestartResponse.lock        the claim of a restart of every group (on_failure="restart")
   FaultInjector._lock         the fault log's read position and the firings read from it
   IdentityChecks._lock        pending digest requests and their reports
   ProcessJobPlacement._lock   the ProcessJob the groups' hosts come from (one per run)

@@ -3,7 +3,7 @@
 Under torchft recovery that is a Lighthouse in its own process (:mod:`.lighthouse`), watched
 like any worker process: when it dies it is restarted on the same address (recorded as
 ``lighthouse_failed``, then ``lighthouse_restarted``) and the groups' Managers find it again at
-their next quorum. Under ``recovery="plain_restart"`` it is the job's store
+their next quorum. Under ``on_failure="plain_restart"`` it is the job's store
 (:mod:`.plain_rendezvous`), and a group's address names the job's generation. The run opens
 one when it starts, stops watching first when it stops, and closes it once its groups are gone.
 """
@@ -36,7 +36,7 @@ class Coordinator:
 
     def __init__(self, emit: Callable[[Event], None]) -> None:
         self.lighthouse: Lighthouse | None = None
-        self.rendezvous: PlainRendezvous | None = None  # recovery="plain_restart" instead of a Lighthouse
+        self.rendezvous: PlainRendezvous | None = None  # on_failure="plain_restart" instead of a Lighthouse
         self._emit = emit
         self._stop = threading.Event()  # set once: the watch ends and restarts no more
 
@@ -47,7 +47,7 @@ class Coordinator:
         join_ms = cfg.join_timeout_ms
         if placement.shares_this_host:
             join_ms = join_timeout_for(join_ms, (cfg.replicas + cfg.spares) * cfg.group_size, os.cpu_count() or 1)
-        if cfg.recovery == "plain_restart":  # no torchft: the job's store instead of a Lighthouse
+        if cfg.on_failure == "plain_restart":  # no torchft: the job's store instead of a Lighthouse
             self.rendezvous = PlainRendezvous(placement.bind_host)
             return
         self.lighthouse = Lighthouse(LighthouseSettings(

@@ -4,8 +4,8 @@ The launcher owns what it starts: every worker pid (none may outlive the run), t
 (a failed group's replacement, built in advance) and where workers write their logs. It spawns a
 group's proc mesh and trainer actors (or hands it a ready spare), waits until the trainers are
 built, starts their training loop, and tears a group down (killing it: a hung process cannot
-answer a polite stop). The supervisor decides *when*; recovery policies call these means
-through :class:`~.policies.RecoveryMeans`. Controller side: runs in the kernel's threads.
+answer a polite stop). The supervisor decides *when*; failure responses call these means
+through :class:`~.responses.ResponseMeans`. Controller side: runs in the kernel's threads.
 """
 
 from __future__ import annotations

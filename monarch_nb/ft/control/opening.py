@@ -20,7 +20,7 @@ from ...session import runs_root
 from ...telemetry import EventStore
 from ...telemetry.events import Resumed, RunStarted
 from ..spec.checkpoint_format import CheckpointInfo, latest_complete, list_checkpoints
-from ..spec.config import RESTARTS, RunConfig
+from ..spec.config import RESTARTS, RunConfig, current_names
 from .checkpoint_folder import checkpoint_root, claim, own_checkpoint, read_fingerprint, source_checkpoint
 
 
@@ -75,7 +75,7 @@ def claim_checkpoint_folder(place: RunPlace, cfg: RunConfig, resumed: bool) -> N
     (a resumed run adopts its own folder even when it predates manifests). A run that can
     write no checkpoint (no ``checkpoint_every``, no last step, peer recovery) and names no
     folder claims none."""
-    if not (cfg.checkpoint_every or cfg.steps is not None or cfg.recovery in RESTARTS or resumed
+    if not (cfg.checkpoint_every or cfg.steps is not None or cfg.on_failure in RESTARTS or resumed
             or cfg.checkpoint_dir is not None):
         return
     try:
@@ -100,7 +100,8 @@ def resume_point(run_dir: str | Path, overrides: dict[str, Any]) -> tuple[RunCon
         raise ValueError("resume_from: FTRun.resume continues a run from its own checkpoints; to start a new "
                          "run from another run's checkpoint, pass resume_from to a new FTRun instead")
     fields = {f.name for f in dataclasses.fields(RunConfig)}
-    saved = {k: v for k, v in started[-1].config.items() if k in fields}  # type: ignore[attr-defined]
+    recorded = current_names(started[-1].config)  # type: ignore[attr-defined]  # older field names too
+    saved = {k: v for k, v in recorded.items() if k in fields}
     saved.update(overrides, resume_from=None)  # where it started from is history now
     cfg = RunConfig.from_dict(saved)
     root = checkpoint_root(cfg.checkpoint_dir, run_dir)

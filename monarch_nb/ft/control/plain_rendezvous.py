@@ -1,4 +1,4 @@
-"""recovery="plain_restart": the job's store, served by the controller (where torchrun's c10d
+"""on_failure="plain_restart": the job's store, served by the controller (where torchrun's c10d
 rendezvous would be). Every start of the job is a generation whose process groups use their
 own keys in the same store (:mod:`..spec.plain_address`)."""
 

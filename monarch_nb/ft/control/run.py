@@ -127,7 +127,7 @@ class FTRun:
 
     @property
     def rendezvous(self) -> PlainRendezvous | None:
-        """The job's store, under recovery="plain_restart" (instead of a Lighthouse)."""
+        """The job's store, under on_failure="plain_restart" (instead of a Lighthouse)."""
         return self._coordinator.rendezvous
 
     @property
@@ -246,7 +246,7 @@ class FTRun:
                                                EventIngest(cfg.group_size), self.identity, self.events,
                                                self.faults.fired_time, self._trainer_args,
                                                self._coordinator.lighthouse_address, fired_by=self.faults.fired_by)
-            if cfg.checkpoint_every or cfg.recovery in RESTARTS:
+            if cfg.checkpoint_every or cfg.on_failure in RESTARTS:
                 sup.checkpoint_dir = str(self.checkpoint_dir)
             sup.log_dir = str(self.log_dir)
             self._unsubscribe = self._session.on_failure(sup.on_worker_failed)

@@ -23,7 +23,7 @@ class Scaler:
     """Grows and shrinks a run's group table through its supervisor.
 
     Args:
-        config: the run's config (``min_replicas``, ``spares``, ``recovery``).
+        config: the run's config (``min_replicas``, ``spares``, ``on_failure``).
         groups: the run's group table.
         events: the run's event store; ``scaled`` goes there.
         wait_for_step: the run's ``wait_for_step(step, replicas, timeout)``: a grow given a
@@ -43,9 +43,9 @@ class Scaler:
             raise ValueError(f"replicas: must be an integer, got {replicas!r}")
         if supervisor is None:
             raise RuntimeError("scale: the run is not running (start() it first; a stopped run cannot be resized)")
-        if cfg.recovery == "plain_restart":
+        if cfg.on_failure == "plain_restart":
             raise ValueError("scale: a plain_restart job has a fixed world size (one process group over every "
-                             "group, as under torchrun); resize a run with recovery='peer'")
+                             "group, as under torchrun); resize a run with on_failure='peer'")
         if not cfg.min_replicas <= replicas <= MAX_GROUPS - cfg.spares:
             raise ValueError(f"replicas: {replicas} is not allowed; allowed: {cfg.min_replicas} (min_replicas) "
                              f"to {MAX_GROUPS - cfg.spares}")

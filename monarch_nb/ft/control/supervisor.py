@@ -2,9 +2,9 @@
 
 One thread per group (``ft-supervise-replicaN``) polls its trainers every poll interval; the
 :class:`~.detector.Detector` says whether the group failed and how. Recovery happens in that
-group's thread only - survivors never restart - by the run's recovery policy
-(:mod:`.policies`, one class per ``RunConfig.recovery``), which uses the supervisor's means
-(:class:`~.policies.RecoveryMeans`): the :class:`~.launcher.Launcher` tears the group down and
+group's thread only - survivors never restart - by the run's failure response
+(:mod:`.responses`, one class per ``RunConfig.on_failure``), which uses the supervisor's means
+(:class:`~.responses.ResponseMeans`): the :class:`~.launcher.Launcher` tears the group down and
 brings it up again (a warm spare or fresh processes), torchft heals it from a live peer at the
 next quorum, and its first committed step is its rejoin. When no live peer is left,
 :class:`~.total_loss.TotalLoss` resumes every group from a durable checkpoint. Each phase is an
@@ -47,7 +47,7 @@ from .groups import (
 from .identity import IdentityChecks
 from .launcher import Launcher
 from .placement import Placement
-from .policies import RecoveryPolicy, policy_for
+from .responses import FailureResponse, response_for
 from .spares import SparePool
 from .total_loss import TotalLoss
 
@@ -82,10 +82,10 @@ class Supervisor:
         self.detector = Detector(config, session, groups, lambda g, timeout: self.poll(g, timeout), self.set_state,
                                  lambda index: self.ingest.awaiting_rejoin(index),
                                  lambda: self.total_loss.no_peer_left(), fired_by)
-        self.policy: RecoveryPolicy = policy_for(self)
+        self.response: FailureResponse = response_for(self)
         self._threads: list[threading.Thread] = []
 
-    # ---- what the run and the policies use ------------------------------------------------
+    # ---- what the run and the responses use -----------------------------------------------
 
     def emit(self, event: Event) -> None:
         self.run_events.append(event)
@@ -249,14 +249,14 @@ class Supervisor:
             g.wake.clear()
             if self.stopping.is_set() or self.closed() or g.state in TERMINAL:
                 return
-            if self.policy.busy():  # every group is being restarted from disk by one thread
+            if self.response.busy():  # every group is being restarted from disk by one thread
                 continue
             if g.state in (HEALING, WAITING) and self.finish_if_run_is_over(g):
                 return
             try:
                 failure = self.detector.check(g)
                 if failure is not None and not self.stopping.is_set() and g.state not in TERMINAL:
-                    self.recover(g, failure)
+                    self.respond(g, failure)
             except Exception as e:  # never let the supervisor die silently
                 if self.stopping.is_set():  # a recovery cut short by stop(): nothing went wrong
                     log.debug("supervising %s: stopped during a recovery: %s", g.name, e)
@@ -280,13 +280,13 @@ class Supervisor:
                                     "its peers hold the final state")
         return True
 
-    # ---- recovering: one policy per mode (policies.py) -------------------------------------
+    # ---- responding: one class per on_failure (responses.py) -------------------------------
 
     def failure_action(self, mesh: str) -> str:
         """What this run does when a rank of ``mesh`` fails (the notice says it after the fault)."""
         if not mesh.startswith("replica"):
             return "the spare is discarded and another one built"
-        return self.policy.action()
+        return self.response.action()
 
     def report(self, g: ReplicaGroup, failure: Failure) -> None:
         """The failure as the notebook shows it: one notice per failed rank, naming the fault
@@ -300,9 +300,9 @@ class Supervisor:
         except Exception as exc:  # the notice must never stop a recovery
             log.debug("reporting the failure of %s: %s", g.name, exc)
 
-    def recover(self, g: ReplicaGroup, failure: Failure) -> None:
-        """Bring the run back from ``g``'s failure, the way ``config.recovery`` says."""
-        self.policy.recover(g, failure)
+    def respond(self, g: ReplicaGroup, failure: Failure) -> None:
+        """Bring the run back from ``g``'s failure, the way ``config.on_failure`` says."""
+        self.response.respond(g, failure)
 
     def fired_time(self, g: ReplicaGroup) -> float | None:
         """When the fault behind ``g``'s failure was injected, if it was; asked once per failure

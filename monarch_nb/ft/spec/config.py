@@ -3,7 +3,7 @@
 :class:`RunConfig` is a frozen dataclass: replica groups and their size, the torchtitan
 model flavour, the train step's shape (sequence length, batch, learning rate), torchft's
 timing knobs (heartbeat, quorum, process-group timeout), how the controller decides that
-a group is hung, the respawn policy and the platform. ``validate()`` raises ``ValueError``
+a group is hung, the respawn backoff and the platform. ``validate()`` raises ``ValueError``
 naming the offending field and the values it accepts; ``FTRun`` calls it first.
 ``RunConfig.from_toml(path)`` reads a torchtitan-style job file (:mod:`.jobfile` holds the
 mapping of its sections and keys); ``help(RunConfig)`` documents every field.
@@ -22,7 +22,7 @@ from typing import Any
 from .flavors import FLAVOR_NAMES
 from .jobfile import read_job_file
 from .platform import PLATFORMS
-from .respawn import RespawnPolicy
+from .respawn import RespawnBackoff
 
 # Llama 3 flavours: torchtitan 0.3.0's (torchtitan.models.llama3.llama3_configs) and monarch_nb's
 # "small" and "medium" (monarch_nb/ft/spec/flavors.py), smallest first. Listed without importing
@@ -72,9 +72,33 @@ def check_run_name(name: object) -> None:
                          "or leave it out for a timestamp")
 
 
-RECOVERIES = ("peer", "restart", "plain_restart")
+ON_FAILURE = ("peer", "restart", "plain_restart")
 # every failure restarts the whole run from its newest checkpoint
 RESTARTS = ("restart", "plain_restart")
+
+# Fields renamed since runs were first recorded, old name -> name now: a run's recorded config,
+# an old job file or an old dict still loads (:func:`current_names`).
+RENAMED_FIELDS = {"recovery": "on_failure"}
+
+
+def current_names(values: dict[str, Any], origins: dict[str, str] | None = None) -> dict[str, Any]:
+    """``values`` (RunConfig fields by name) with every field of :data:`RENAMED_FIELDS` under its
+    name now. ``origins`` (a job file's key for each field) follows the rename. An old and a new
+    name given with different values are refused (``ValueError`` naming both and the fix)."""
+    values = dict(values)
+    origins = origins if origins is not None else {}
+    for old, new in RENAMED_FIELDS.items():
+        if old not in values:
+            continue
+        value = values.pop(old)
+        if new in values and values[new] != value:
+            raise ValueError(f"{new}: {origins.get(new, new)} = {values[new]!r} and {origins.get(old, old)} = "
+                             f"{value!r} (its older name) differ; keep only {origins.get(new, new)}")
+        values[new] = value
+        where = origins.pop(old, None)
+        if where is not None and new not in origins:
+            origins[new] = where
+    return values
 
 
 @dataclass(frozen=True)
@@ -168,7 +192,8 @@ class RunConfig:
         expose: allow a local run to advertise a non-loopback address (other machines may
             then fetch its state); default False.
 
-    Durable checkpoints and recovery mode (ft/worker/checkpointer.py, ft/control/checkpoint_folder.py):
+    Durable checkpoints and what a failure does (ft/worker/checkpointer.py, ft/control/checkpoint_folder.py,
+    ft/control/responses.py):
         checkpoint_every: committed steps between durable checkpoints (torch DCP, written
             asynchronously by one group); None (default): none. torchtitan's
             ``[checkpoint] enable`` + ``interval``.
@@ -180,12 +205,13 @@ class RunConfig:
             torchtitan's ``[checkpoint] folder``.
         checkpoint_keep: newest complete checkpoints kept, older ones deleted (default 3).
             torchtitan's ``[checkpoint] keep_latest_k``.
-        recovery: "peer" (default): a failed group heals from a live peer, the others train on;
+        on_failure: "peer" (default): a failed group heals from a live peer, the others train on;
             "restart": the traditional way - on any failure every group stops and all restart
             from the newest durable checkpoint (the baseline bench_goodput.py compares);
             "plain_restart": the same with no torchft at all - one process group over every
             group, built once, as a torchtitan job under torchrun runs (ft/worker/plain_replication.py); no spares,
-            and every group must be up for a step (min_replicas is the whole job).
+            and every group must be up for a step (min_replicas is the whole job). Its older
+            name, ``recovery``, still reads (recorded runs, old job files and dicts).
         resume_from: start this new run from a durable checkpoint written by another run: a
             ``step-N`` directory, or a checkpoint folder (its newest complete checkpoint). Its
             weights, optimizer state, LR schedule and step are loaded into every group before
@@ -204,9 +230,9 @@ class RunConfig:
             (4x): a starved or overloaded process is not hung (``Supervisor.hang_deadline``).
         init_timeout_s: how long building a group's trainers may take (imports, model and
             optimizer), at start and at every respawn (default 180 s).
-        respawn: :class:`RespawnPolicy`: how many times a failed group is brought back and
+        respawn: :class:`RespawnBackoff`: how many times a failed group is brought back and
             how long to wait between attempts in a row (default: up to 10 per group over the
-            run, with a growing wait; see ``help(RespawnPolicy)``).
+            run, with a growing wait; see ``help(RespawnBackoff)``).
         check_identical: after every rejoin, prove the replicas bit-identical by hashing
             parameters and optimizer state at a common step (default True).
         runs_root: where run directories go (None, default: $MONARCH_NB_RUNS, else ./runs).
@@ -257,13 +283,13 @@ class RunConfig:
     checkpoint_every: int | None = None  # steps between checkpoints; None: only the final one
     checkpoint_dir: str | None = None  # where checkpoints go; None or relative: inside the run directory
     checkpoint_keep: int = 3  # newest checkpoints kept
-    recovery: str = "peer"  # "peer": heal from a live peer; "restart": every group restarts from disk
+    on_failure: str = "peer"  # "peer": heal from a live peer; "restart": every group restarts from disk
     resume_from: str | None = None  # a new run starts from another run's checkpoint (named, recorded)
     # controller
     poll_interval_s: float = 0.25  # how often each group's telemetry is drained
     hang_timeout_s: float = 5.0  # a group that answers nothing for this long is hung
     init_timeout_s: float = 180.0  # actor construction (imports, model build)
-    respawn: RespawnPolicy = field(default_factory=RespawnPolicy)  # respawns per group, backoff
+    respawn: RespawnBackoff = field(default_factory=RespawnBackoff)  # respawns per group, backoff
     check_identical: bool = True  # hash parameters + optimizer state after every heal
     runs_root: str | None = None  # default: $MONARCH_NB_RUNS or ./runs
     run_name: str | None = None  # default: a timestamp
@@ -346,13 +372,13 @@ class RunConfig:
         if self.runs_root is not None and (not isinstance(self.runs_root, str) or not self.runs_root):
             raise ValueError(f"runs_root: must be a directory path (or None: $MONARCH_NB_RUNS or ./runs), "
                              f"got {self.runs_root!r}")
-        if self.recovery not in RECOVERIES:
-            raise ValueError(f"recovery: unknown value {self.recovery!r}; allowed values: {', '.join(RECOVERIES)}")
-        if self.recovery == "plain_restart" and self.spares:
+        if self.on_failure not in ON_FAILURE:
+            raise ValueError(f"on_failure: unknown value {self.on_failure!r}; allowed values: {', '.join(ON_FAILURE)}")
+        if self.on_failure == "plain_restart" and self.spares:
             raise ValueError(f"spares: a plain_restart job restarts every process on a failure, a warm spare has "
-                             f"nothing to replace; got spares={self.spares} (use recovery='peer' for spares)")
-        if not isinstance(self.respawn, RespawnPolicy):
-            raise ValueError(f"respawn: must be a RespawnPolicy, got {type(self.respawn).__name__}")
+                             f"nothing to replace; got spares={self.spares} (use on_failure='peer' for spares)")
+        if not isinstance(self.respawn, RespawnBackoff):
+            raise ValueError(f"respawn: must be a RespawnBackoff, got {type(self.respawn).__name__}")
         self.respawn.validate()
         if not isinstance(self.env, dict) or not all(isinstance(k, str) and isinstance(v, str)
                                                      for k, v in self.env.items()):
@@ -380,7 +406,9 @@ class RunConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "RunConfig":
-        data = dict(data)
+        """A config from :meth:`to_dict`'s output (a run's recorded config); fields under an older
+        name (:data:`RENAMED_FIELDS`, ``restart`` for ``respawn``) load under their name now."""
+        data = current_names(data)
         if isinstance(data.get("restart"), dict) and "respawn" not in data:  # a run recorded before the rename
             old = dict(data.pop("restart"))
             if "max_restarts" in old:
@@ -391,11 +419,11 @@ class RunConfig:
         if unknown:
             raise ValueError(f"{unknown[0]}: unknown config field; allowed fields: {', '.join(sorted(known))}")
         if isinstance(data.get("respawn"), dict):
-            allowed = {f.name for f in dataclasses.fields(RespawnPolicy)}
+            allowed = {f.name for f in dataclasses.fields(RespawnBackoff)}
             extra = sorted(set(data["respawn"]) - allowed, key=str)
             if extra:
                 raise ValueError(f"respawn.{extra[0]}: unknown key; allowed keys: {', '.join(sorted(allowed))}")
-            data["respawn"] = RespawnPolicy(**data["respawn"])
+            data["respawn"] = RespawnBackoff(**data["respawn"])
         return cls(**data)
 
     @classmethod
@@ -417,7 +445,11 @@ class RunConfig:
         Example: ``RunConfig.from_toml("examples/llama3_debug_ft.toml", steps=50)``.
         """
         path = find_job_file(path)
-        values, origins = read_job_file(path, typing.get_type_hints(cls))
+        values, origins = read_job_file(path, typing.get_type_hints(cls), renamed=RENAMED_FIELDS)
+        try:
+            values = current_names(values, origins)
+        except ValueError as exc:
+            raise ValueError(f"{exc} ({path})") from None
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(overrides) - known)
         if unknown:

@@ -4,7 +4,8 @@ torchtitan users describe a job in a TOML file with sections such as ``[model]``
 ``[training]``, ``[optimizer]``, ``[fault_tolerance]`` and ``[checkpoint]`` (torchtitan up to
 0.2; 0.3.0 configures jobs in Python and ships no TOML). :data:`SECTIONS` maps the keys
 monarch_nb supports onto RunConfig fields; a ``[monarch_nb]`` section takes any RunConfig
-field by its own name (sub-tables ``[monarch_nb.respawn]`` and ``[monarch_nb.env]``).
+field by its own name (sub-tables ``[monarch_nb.respawn]`` and ``[monarch_nb.env]``), or by
+an older name the caller passes (``renamed``; the caller maps it to the name now).
 
 Anything else is refused by name, listing what that section supports: a key that was
 silently ignored would be a setting the user believes in and the run does not apply. Type
@@ -141,12 +142,14 @@ class _Values:
         self.origins[field] = where
 
 
-def read_job_file(path: str | Path, field_types: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
+def read_job_file(path: str | Path, field_types: dict[str, Any],
+                  renamed: dict[str, str] | None = None) -> tuple[dict[str, Any], dict[str, str]]:
     """RunConfig field values from the job file at ``path``, and where each came from.
 
     ``field_types`` maps every RunConfig field to its type (``typing.get_type_hints``): the
-    ``[monarch_nb]`` section is checked against it. Raises ``ValueError`` naming the section
-    and key at fault and what is allowed there.
+    ``[monarch_nb]`` section is checked against it. ``renamed`` (old name -> field) lets that
+    section give a field by an older name: read with the field's type, returned under the old
+    name. Raises ``ValueError`` naming the section and key at fault and what is allowed there.
     """
     path = Path(path)
     if not path.is_file():
@@ -171,7 +174,7 @@ def read_job_file(path: str | Path, field_types: dict[str, Any]) -> tuple[dict[s
             raise ValueError(f"{section}: a key outside any section; put it in one, e.g. [{OWN_SECTION}] "
                              f"{section} = ... (supported sections: {supported}) ({path})")
         if section == OWN_SECTION:
-            _read_own(table, field_types, out)
+            _read_own(table, field_types, renamed or {}, out)
         elif section in SECTIONS:
             _read_torchtitan(section, table, out)
         else:
@@ -219,13 +222,14 @@ def _checkpoint_every(seen: dict[str, Any], out: _Values) -> None:
         out.set("checkpoint_every", seen.get("interval", TORCHTITAN_CHECKPOINT_INTERVAL), where)
 
 
-def _read_own(table: dict[str, Any], field_types: dict[str, Any], out: _Values) -> None:
+def _read_own(table: dict[str, Any], field_types: dict[str, Any], renamed: dict[str, str], out: _Values) -> None:
     for name, value in table.items():
         where = f"[{OWN_SECTION}] {name}"
-        if name not in field_types:
+        field = renamed.get(name, name)
+        if field not in field_types:
             raise ValueError(f"{where}: unknown key; [{OWN_SECTION}] takes RunConfig fields: "
                              f"{', '.join(field_types)} ({out.path})")
-        out.set(name, _coerce(where, value, field_types[name], out.path), where)
+        out.set(name, _coerce(where, value, field_types[field], out.path), where)
 
 
 # ---- types ----------------------------------------------------------------------------------

@@ -1,6 +1,6 @@
 """The address of a plain_restart job's store, written by the controller, read by every rank.
 
-recovery="plain_restart" runs the groups as one torchtitan job without torchft: a plain
+on_failure="plain_restart" runs the groups as one torchtitan job without torchft: a plain
 ``torch.distributed`` process group over every rank, built through one store the controller
 serves (:mod:`..control.plain_rendezvous`), joined by each rank (:mod:`..worker.plain_replication`).
 """

@@ -1,12 +1,12 @@
 """When and how often a failed replica group is brought back.
 
-The supervisor in :mod:`monarch_nb.ft.control.supervisor` asks the policy before every attempt to
+The supervisor in :mod:`monarch_nb.ft.control.supervisor` asks the backoff before every attempt to
 bring a group back. The first attempt after a group trained is immediate - a recovery must
 not wait for nothing - and each further attempt in a row (the respawn itself failed, or the
 group failed again before it rejoined) waits longer: ``backoff_s`` times ``backoff_factor``
 per attempt, capped at ``max_backoff_s``, so a cause that does not go away (a lost
 Lighthouse, a full node) never turns into a tight loop. After ``max_respawns`` attempts in a
-row without the group training in between, the policy gives up on it: the run records
+row without the group training in between, the supervisor gives up on it: the run records
 ``gave_up`` and carries on with the others. A group that trains again starts afresh, so a long
 run survives any number of failures spread over time (failures are routine at scale).
 """
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
-class RespawnPolicy:
+class RespawnBackoff:
     """Args:
         max_respawns: attempts in a row to bring one group back without it training in
             between (0: never bring it back).

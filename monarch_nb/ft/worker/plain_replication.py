@@ -1,4 +1,4 @@
-"""recovery="plain_restart": data parallelism across groups as a torchtitan job without torchft.
+"""on_failure="plain_restart": data parallelism across groups as a torchtitan job without torchft.
 
 The baseline users run today: every rank of every group in one job, gradients averaged by a
 plain ``torch.distributed`` process group built once at start (torchrun's rendezvous), durable

@@ -1,5 +1,5 @@
 """One rank of one replica group: torchtitan's Llama 3 trained under a torchft Manager (or, for
-recovery="plain_restart", a plain job-wide process group).
+on_failure="plain_restart", a plain job-wide process group).
 
 Runs inside a worker process (built by :class:`monarch_nb.ft.worker.trainer_actor.TrainerActor`),
 never in the controller. :class:`ReplicaTrainer` is what the actor holds; it is made of parts,
@@ -56,7 +56,7 @@ class ReplicaTrainer:
         rank: this process's rank within its group.
         group_size: processes per group.
         lighthouse: the torchft Lighthouse's address (a plain job's address for
-            recovery="plain_restart"); required unless ``replica`` is ``None``.
+            on_failure="plain_restart"); required unless ``replica`` is ``None``.
         store_port: the group's TCP store port (rank 0 opens it: ``None`` picks a free one).
         data_dir: the tokenizer and ``corpus.jsonl``.
         emit: takes each event this rank reports.
@@ -87,7 +87,7 @@ class ReplicaTrainer:
         """Become replica ``replica``: a torchft Manager that joins the next quorum (and heals
         from a peer there). Returns the seconds it took."""
         t0 = time.time()
-        if is_plain(lighthouse):  # recovery="plain_restart": no torchft at all (plain_replication.py)
+        if is_plain(lighthouse):  # on_failure="plain_restart": no torchft at all (plain_replication.py)
             replication: Replication = PlainReplication(
                 lighthouse, replica, self.rank, int(self.cfg["replicas"]),
                 timedelta(seconds=float(self.cfg.get("pg_timeout_s", 10))), self.platform.backend, self._phase)

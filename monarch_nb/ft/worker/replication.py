@@ -1,10 +1,10 @@
 """How a replica group keeps in step with the others: the one interface the train step talks to.
 
-The step (``train_step.py``) is the same code in every recovery mode; what differs is who
+The step (``train_step.py``) is the same code whatever ``on_failure`` says; what differs is who
 averages gradients across groups and what happens when a peer fails. Two implementations:
 :class:`~.torchft_replication.TorchftReplication` (a torchft Manager: a quorum every step, heals
 from a live peer, retries when a peer dies) and :class:`~.plain_replication.PlainReplication`
-(recovery="plain_restart": one process group for the whole job, built once; on a failure the
+(on_failure="plain_restart": one process group for the whole job, built once; on a failure the
 rank stops and the controller restarts the job). ``start`` tells the step what its quorum gave
 it: train (:class:`StepQuorum`), end this step with a record (:class:`NoStep`) or wait
 (:class:`MustWait`); the rest are the few Manager calls the step makes.

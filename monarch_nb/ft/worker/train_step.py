@@ -1,4 +1,4 @@
-"""One fault-tolerant training step, the same code in every recovery mode.
+"""One fault-tolerant training step, the same code whatever ``on_failure`` says.
 
 The order is the contract the recovery tests and figures rely on: a durable checkpoint the
 controller asked for is loaded; the quorum starts (a recovering group heals there); a group

@@ -1,16 +1,16 @@
-"""What the supervisor does about a failed group: one small class per ``RunConfig.recovery``.
+"""What the supervisor does about a failed group: one small class per ``RunConfig.on_failure``.
 
-* :class:`PeerRecovery` ("peer"): only the failed group is torn down and brought back (a warm
-  spare, or fresh processes, as often as its :class:`~.respawn.RespawnPolicy` allows); it heals
+* :class:`PeerResponse` ("peer"): only the failed group is torn down and brought back (a warm
+  spare, or fresh processes, as often as its :class:`~..spec.respawn.RespawnBackoff` allows); it heals
   from a live peer while the others train on.
-* :class:`CheckpointRestart` ("restart"): every group stops and all of them restart from the
+* :class:`RestartResponse` ("restart"): every group stops and all of them restart from the
   newest durable checkpoint, loading it at once; torchft's quorum still runs every step.
-* :class:`PlainRestart` ("plain_restart"): the same restart for a job without torchft (one
+* :class:`PlainRestartResponse` ("plain_restart"): the same restart for a job without torchft (one
   process group over every group, see plain_replication.py); what differs is only how the workers find each
   other, which the run passes them.
 
-The supervisor watches, detects and asks its policy; a policy uses only the means
-:class:`RecoveryMeans` names (the supervisor provides them: teardown, acquire, start, emit, ...)
+The supervisor watches, detects and asks its response; a response uses only the means
+:class:`ResponseMeans` names (the supervisor provides them: teardown, acquire, start, emit, ...)
 and never holds a lock across them.
 """
 
@@ -29,8 +29,8 @@ from .identity import IdentityChecks
 from .spares import SparePool
 
 
-class RecoveryMeans(Protocol):
-    """What a recovery policy may use (the supervisor provides it)."""
+class ResponseMeans(Protocol):
+    """What a failure response may use (the supervisor provides it)."""
 
     config: RunConfig
     groups: GroupTable
@@ -59,15 +59,15 @@ class RecoveryMeans(Protocol):
     def last_recorded_step(self) -> int: ...
 
 
-class RecoveryPolicy:
+class FailureResponse:
     """The interface the supervisor calls."""
 
     name: ClassVar[str]
 
-    def __init__(self, means: RecoveryMeans) -> None:
+    def __init__(self, means: ResponseMeans) -> None:
         self.means = means
 
-    def recover(self, g: ReplicaGroup, failure: Failure) -> None:
+    def respond(self, g: ReplicaGroup, failure: Failure) -> None:
         raise NotImplementedError
 
     def action(self) -> str:
@@ -75,18 +75,18 @@ class RecoveryPolicy:
         raise NotImplementedError
 
     def busy(self) -> bool:
-        """True while the policy is bringing every group back (the watchers then stand aside)."""
+        """True while the response is bringing every group back (the watchers then stand aside)."""
         return False
 
 
-class PeerRecovery(RecoveryPolicy):
+class PeerResponse(FailureResponse):
     name = "peer"
 
     def action(self) -> str:
         spare = " (a warm spare if one is ready)" if self.means.spares is not None else ""
         return f"its group is torn down and replaced{spare}; the replacement heals from a live peer"
 
-    def recover(self, g: ReplicaGroup, failure: Failure) -> None:
+    def respond(self, g: ReplicaGroup, failure: Failure) -> None:
         means = self.means
         fired = means.fired_time(g)
         means.ingest.expect_rejoin(g.index, fired or failure.t)
@@ -129,21 +129,21 @@ class PeerRecovery(RecoveryPolicy):
             return
 
 
-class CheckpointRestart(RecoveryPolicy):
+class RestartResponse(FailureResponse):
     name = "restart"
 
-    def __init__(self, means: RecoveryMeans) -> None:
+    def __init__(self, means: ResponseMeans) -> None:
         super().__init__(means)
         self.lock = threading.Lock()  # guards the claim of ``restarting``; never held across a call
         self.restarting = threading.Event()
 
     def action(self) -> str:
-        return f"recovery={self.name!r}: every group stops and restarts from the newest checkpoint"
+        return f"on_failure={self.name!r}: every group stops and restarts from the newest checkpoint"
 
     def busy(self) -> bool:
         return self.restarting.is_set()
 
-    def recover(self, g: ReplicaGroup, failure: Failure) -> None:
+    def respond(self, g: ReplicaGroup, failure: Failure) -> None:
         """A failure stops every group and all restart from the newest durable checkpoint (from
         the start when there is none). One thread does it; failures the restart itself causes
         in the other groups are not recoveries of their own."""
@@ -190,12 +190,12 @@ class CheckpointRestart(RecoveryPolicy):
                                           seconds=time.time() - start))
 
 
-class PlainRestart(CheckpointRestart):
+class PlainRestartResponse(RestartResponse):
     name = "plain_restart"
 
 
-POLICIES: dict[str, type[RecoveryPolicy]] = {p.name: p for p in (PeerRecovery, CheckpointRestart, PlainRestart)}
+RESPONSES: dict[str, type[FailureResponse]] = {p.name: p for p in (PeerResponse, RestartResponse, PlainRestartResponse)}
 
 
-def policy_for(means: RecoveryMeans) -> RecoveryPolicy:
-    return POLICIES[means.config.recovery](means)
+def response_for(means: ResponseMeans) -> FailureResponse:
+    return RESPONSES[means.config.on_failure](means)
