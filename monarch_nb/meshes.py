@@ -118,6 +118,18 @@ class MeshHandle:
             proc.state, proc.reason = FAILED, reason
         return True
 
+    def mark_repaired(self, rank: int) -> bool:
+        """A failed rank whose process lived and was repaired in place (the recovery ladder's
+        communicator or step rung) is alive again; False if it was not failed or is gone."""
+        if not 0 <= rank < len(self.procs):
+            return False
+        proc = self.procs[rank]
+        with self._lock:
+            if proc.state != FAILED or self.stopped or (proc.pid and not pid_alive(proc.pid)):
+                return False
+            proc.state, proc.reason = ALIVE, None
+        return True
+
     def first_account(self, rank: int, reason: str) -> bool:
         """True the first time ``reason`` is given for ``rank`` (Monarch's hook repeats itself)
         when it is not already the reason the rank was reported failed with; recorded in the

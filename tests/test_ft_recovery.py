@@ -1,6 +1,9 @@
-"""Fault-tolerant training end to end: real processes, a real torchft Lighthouse, real
-torchtitan steps on the tiny Llama 3. One shared run (R=3) receives a ``kill``, an
-``exception`` and a ``comms`` fault in turn; each test states one property per fault."""
+"""Fault-tolerant training end to end, up the recovery ladder: real processes, a real torchft
+Lighthouse, real torchtitan steps on the tiny Llama 3. One shared run (R=3) receives a ``kill``
+(rung ``process``: the group is replaced and heals from a peer), an ``exception`` (rung ``step``)
+and a ``comms`` fault (rung ``communicator``: both repaired in their own processes), and a
+``comms`` fault whose process cannot rebuild its communicator (``stuck``: escalated to
+``process`` within ``repair_timeout_s``); each test states one property per fault."""
 
 from __future__ import annotations
 
@@ -9,7 +12,18 @@ import time
 import pytest
 
 from monarch_nb.ft import FTRun, RunConfig, open_run
-from monarch_nb.telemetry.events import FailureDetected, Healed, Rejoined, ReplicasIdentical, Respawned, Step
+from monarch_nb.telemetry.events import (
+    FailureDetected,
+    Healed,
+    Rejoined,
+    Repaired,
+    ReplicasIdentical,
+    Respawned,
+    RungEscalated,
+    RungStarted,
+    Step,
+    TornDown,
+)
 from helpers.notice_checks import assert_one_notice, watch_notices
 from helpers.proc_checks import assert_gone
 
@@ -17,11 +31,16 @@ pytestmark = pytest.mark.slow
 
 # (fault kind, victim replica, what the failure reason must mention: Monarch's report, or our
 # pid check's reading of the exit status, whichever noticed first)
-FAULTS = [("kill", 1, ("sig=9", "signal 9")), ("exception", 2, ("exception",)), ("comms", 0, ("comms",))]
+FAULTS = [("kill", 1, ("sig=9", "signal 9")), ("exception", 2, ("exception",)), ("comms", 0, ("comms",)),
+          ("stuck", 1, ("comms",))]
 KINDS = [k for k, _, _ in FAULTS]
 # Who must notice each kind: a dead process is found by our pid check or Monarch supervision;
 # an exception or broken comms the trainer survives and reports through its status.
-DETECTORS = {"kill": {"pid", "supervision"}, "exception": {"trainer"}, "comms": {"trainer"}}
+DETECTORS = {"kill": {"pid", "supervision"}, "exception": {"trainer"}, "comms": {"trainer"}, "stuck": {"trainer"}}
+# The ladder's rungs each fault goes through, lowest first (the last one brings the group back).
+RUNGS = {"kill": ["process"], "exception": ["step"], "comms": ["communicator"], "stuck": ["communicator", "process"]}
+REPLACED = {k for k, rungs in RUNGS.items() if "process" in rungs}
+REPAIR_TIMEOUT_S = 6.0  # the stuck fault's repair hangs longer than this (hang_s): it must escalate
 
 
 class Outcome:
@@ -30,12 +49,14 @@ class Outcome:
         self.rejoined: Rejoined | None = None
         self.identical: ReplicasIdentical | None = None
         self.error: str | None = None
+        self.pids: list[int] = []  # the victim's processes before the fault and after its recovery
+        self.pids_after: list[int] = []
 
 
 @pytest.fixture(scope="module")
 def ft(tmp_path_factory):
     root = tmp_path_factory.mktemp("ft_runs")
-    run = FTRun(RunConfig(replicas=3, runs_root=str(root), run_name="recovery"))
+    run = FTRun(RunConfig(replicas=3, runs_root=str(root), run_name="recovery", repair_timeout_s=REPAIR_TIMEOUT_S))
     outcomes: dict[str, Outcome] = {}
     baseline = None
     run.notices = []  # what a notebook would show, counted per fault (notice_checks)
@@ -46,12 +67,17 @@ def ft(tmp_path_factory):
         baseline = run.check_identical(timeout=120)
         for kind, victim, _ in FAULTS:
             out = outcomes[kind] = Outcome(kind, victim, time.time())
+            out.pids = list(run.groups[victim].pids)
             try:
-                run.inject(kind, replica=victim)
+                if kind == "stuck":
+                    run.inject("comms", replica=victim, stuck=True, hang_s=60.0)
+                else:
+                    run.inject(kind, replica=victim)
                 out.rejoined = run.wait_for(
                     lambda e, v=victim: isinstance(e, Rejoined) and e.replica == v, timeout=180, since=out.since)
                 out.identical = run.wait_for(
                     lambda e, t=out.rejoined.t: isinstance(e, ReplicasIdentical) and e.t >= t, timeout=120)
+                out.pids_after = list(run.groups[victim].pids)
             except TimeoutError as e:
                 out.error = f"{kind}: {e}"
     finally:
@@ -87,8 +113,44 @@ def test_failure_is_detected_with_its_reason(ft, kind):
     # sanity only (typically < 1 s: every detector polls at 0.25 s)
     assert failure.detection_s is not None and 0 <= failure.detection_s < 15, \
         f"detection_s={failure.detection_s}: fault fired -> {failure.source} noticed it"
-    rec = next(r for r in run.history().recoveries() if r.fault == kind)
+    rec = _recovery(run, out)
     assert any(word in rec.reason.lower() for word in expected), (rec.reason, rec.detected_by)
+
+
+def _recovery(run, out):
+    return next(r for r in run.history().recoveries() if r.replica == out.victim and r.start_t is not None
+                and out.since <= r.start_t <= out.rejoined.t)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_each_fault_enters_the_ladder_at_its_rung_and_escalates_only_when_its_rung_fails(ft, kind):
+    run, _, _ = ft
+    out = _outcome(ft, kind)
+    started = [e.rung for e in _between(run, RungStarted, out.since, out.rejoined.t, replica=out.victim)]
+    assert started == RUNGS[kind], started
+    escalated = _between(run, RungEscalated, out.since, out.rejoined.t, replica=out.victim)
+    assert [(e.rung, e.to) for e in escalated] == list(zip(RUNGS[kind], RUNGS[kind][1:]))
+    if kind == "stuck":  # the repair hung: escalated once its bound passed, not before
+        (e,) = escalated
+        assert "did not complete within" in e.reason and REPAIR_TIMEOUT_S <= e.seconds < REPAIR_TIMEOUT_S + 5, e
+    rec = _recovery(run, out)
+    assert rec.rungs == RUNGS[kind] and rec.rung == RUNGS[kind][-1] and rec.status == "recovered", rec
+    assert rec.total_s == pytest.approx(sum(d for d in rec.durations().values() if d is not None))
+    assert ("repair" in rec.durations()) == (RUNGS[kind][0] != "process")
+    assert ("build" in rec.durations()) == (kind in REPLACED)
+
+
+@pytest.mark.parametrize("kind", sorted(set(KINDS) - REPLACED))
+def test_a_live_process_is_repaired_in_place_keeping_its_processes_and_state(ft, kind):
+    run, _, _ = ft
+    out = _outcome(ft, kind)
+    (repaired,) = _between(run, Repaired, out.since, out.rejoined.t, replica=out.victim)
+    assert repaired.cause == {"exception": "exception", "comms": "comms"}[kind]
+    assert not _between(run, Respawned, out.since, out.rejoined.t, replica=out.victim)
+    assert not _between(run, TornDown, out.since, out.rejoined.t, replica=out.victim)
+    assert out.pids and out.pids_after == out.pids, (out.pids, out.pids_after)
+    # back within seconds: no process was built (a respawn takes 5-15 s here)
+    assert out.rejoined.seconds_since_failure < 5.0, out.rejoined
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -96,16 +158,18 @@ def test_survivors_commit_while_victim_is_down(ft, kind):
     run, _, _ = ft
     out = _outcome(ft, kind)
     (failure, *_) = _between(run, FailureDetected, out.since, out.rejoined.t, replica=out.victim)
-    (respawned,) = _between(run, Respawned, out.since, out.rejoined.t, replica=out.victim)
+    back = _between(run, Respawned if kind in REPLACED else Repaired, out.since, out.rejoined.t, replica=out.victim)
+    until = back[-1].t
     for survivor in {0, 1, 2} - {out.victim}:
-        # Between detection and the respawned trainer being up, the victim cannot take part:
-        # these commits are the survivors training on their own (a quorum of two).
-        commits = [e for e in _between(run, Step, failure.t, respawned.t, replica=survivor) if e.committed]
-        assert commits, f"replica {survivor} committed nothing while replica {out.victim} was down"
+        # Between detection and the victim being back, it cannot take part: these commits are
+        # the survivors training on their own (a quorum of two).
+        commits = [e for e in _between(run, Step, failure.t, until, replica=survivor) if e.committed]
+        if kind in REPLACED:
+            assert commits, f"replica {survivor} committed nothing while replica {out.victim} was down"
         assert all(e.participants == 2 for e in commits)
 
 
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("kind", sorted(REPLACED))
 def test_victim_respawns_and_heals_from_a_peer_not_from_disk(ft, kind):
     run, _, _ = ft
     out = _outcome(ft, kind)
@@ -129,7 +193,7 @@ def test_healed_replica_is_bit_identical(ft, kind):
 def test_survivors_never_restart(ft):
     run, _, outcomes = ft
     respawned = sorted(e.replica for e in run.events.events(Respawned))
-    assert respawned == sorted(o.victim for o in outcomes.values())
+    assert respawned == sorted(o.victim for o in outcomes.values() if o.kind in REPLACED)
 
 
 def test_loss_goes_down(ft):
@@ -151,10 +215,12 @@ def test_event_log_is_complete_and_reopenable(ft):
     assert [e.to_dict() for e in reopened.events] == live
     kinds = {e["kind"] for e in live}
     assert kinds >= {"run_started", "step", "quorum", "fault_injected", "failure_detected", "respawned", "healed",
-                     "rejoined", "replicas_identical", "replica_state", "run_stopped"}
+                     "rejoined", "replicas_identical", "replica_state", "run_stopped", "rung_started",
+                     "rung_escalated", "repaired"}
     recs = reopened.recoveries()
-    assert sorted(r.fault for r in recs) == sorted(outcomes)
-    assert all(r.rejoined_step and r.heal_bytes and r.identical for r in recs)
+    assert sorted(r.fault for r in recs) == sorted(o.kind if o.kind != "stuck" else "comms" for o in outcomes.values())
+    assert all(r.rejoined_step and r.identical for r in recs)
+    assert all(r.heal_bytes for r in recs if r.rung == "process")
 
 
 @pytest.mark.parametrize("kind, victim, words", FAULTS, ids=KINDS)

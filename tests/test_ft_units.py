@@ -871,3 +871,21 @@ def test_a_group_that_fails_before_the_checked_step_is_left_out_of_the_check():
     checks.left_out(2)
     [verdict] = emitted
     assert verdict.identical and sorted(verdict.hashes) == [f"replica{r}/rank{k}" for r in (0, 1) for k in (0, 1)]
+
+
+def test_the_ladder_enters_each_failure_at_the_lowest_rung_that_can_fix_it():
+    from monarch_nb.ft.control.groups import Failure
+    from monarch_nb.ft.control.ladder import ESCALATES_TO, RUNGS, entry_rung
+
+    def enter(cause=None, lowest="communicator", group_size=1, gone=False):
+        return entry_rung(Failure("x", 0, 0.0, "trainer", cause=cause), lowest, group_size, gone)
+
+    assert enter("comms") == "communicator" and enter("exception") == "step"
+    assert enter(None) == "process"  # a dead or hung process
+    assert enter(None, gone=True) == "hosts"  # the scheduler ended its allocation
+    assert enter("comms", lowest="process") == "process"  # the reference run's way: replace every process
+    assert enter("comms", group_size=2) == "process"  # several ranks per group: replaced together
+    assert RUNGS == ("communicator", "step", "process", "hosts", "checkpoint")
+    assert ESCALATES_TO["communicator"] == ESCALATES_TO["step"] == "process"
+    with pytest.raises(ValueError, match="lowest_rung: unknown value 'hosts'; allowed values: communicator, process"):
+        RunConfig(lowest_rung="hosts").validate()

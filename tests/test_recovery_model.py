@@ -374,3 +374,53 @@ def test_print_of_a_recovery_shows_the_total_and_the_six_phases_that_add_up_to_i
     assert "heal transfer 0.60 s" in text and "acquired by spawn" in text
     (open_rec,) = tracked(recovery(1, at=T)[:3])
     assert "respawning, total not yet = detect 0.50 + teardown 0.10 + acquire ? " in str(open_rec), str(open_rec)
+
+
+# ---- the recovery ladder's rungs in the model -------------------------------------------------
+
+def repaired_in_place(replica, at, fault="comms", detect=0.3, repair=0.1, rejoin=0.6):
+    """A fault the ladder fixed on its communicator rung: no teardown, no new processes."""
+    from monarch_nb.telemetry.events import Repaired, RungStarted
+
+    t = at + detect
+    return [FaultInjected(t=at - 0.1, fault=fault, replica=replica, rank=0, step=None),
+            FailureDetected(t=t, replica=replica, rank=0, reason="comms: aborted", detection_s=detect,
+                            source="trainer"),
+            RungStarted(t=t, replica=replica, rung="communicator", reason="comms: aborted"),
+            Repaired(t=t + repair, replica=replica, cause="comms", seconds=repair, step=20),
+            Rejoined(t=t + repair + rejoin, replica=replica, step=21, seconds_since_failure=detect + repair + rejoin)]
+
+
+def test_a_recovery_repaired_in_place_has_its_own_phases_and_names_its_rung():
+    (rec,) = tracked(repaired_in_place(1, at=T + 10))
+    assert rec.rung == "communicator" and rec.in_place and rec.status == "recovered"
+    assert list(rec.durations()) == ["detect", "repair", "heal", "rejoin"]
+    d = rec.durations()
+    assert (d["detect"], d["repair"], d["heal"], d["rejoin"]) == (pytest.approx(0.3), pytest.approx(0.1), None,
+                                                                  pytest.approx(0.6))
+    assert sum(x for x in d.values() if x) == pytest.approx(rec.total_s) == pytest.approx(1.0)
+    assert rec.row()["rung"] == "communicator" and "rung communicator" in str(rec)
+
+
+def test_an_escalated_recovery_has_every_phase_and_says_how_it_climbed():
+    from monarch_nb.telemetry.events import RungEscalated, RungStarted
+
+    at = T + 10
+    evs = [e for e in recovery(2, at=at) if not isinstance(e, Rejoined)]
+    detected = next(e for e in evs if isinstance(e, FailureDetected))
+    evs += [RungStarted(t=detected.t, replica=2, rung="communicator", reason="comms"),
+            RungEscalated(t=detected.t + 0.05, replica=2, rung="communicator", to="process",
+                          reason="the repair did not complete within 6 s", seconds=0.05),
+            RungStarted(t=detected.t + 0.05, replica=2, rung="process", reason="communicator rung: ..."),
+            Rejoined(t=at + 4.0, replica=2, step=51, seconds_since_failure=4.0)]
+    (rec,) = tracked(evs)
+    assert rec.rungs == ["communicator", "process"] and rec.rung == "process" and not rec.in_place
+    assert list(rec.durations()) == ["detect", "repair", "teardown", "acquire", "build", "heal", "rejoin"]
+    assert rec.escalations == ["communicator -> process: the repair did not complete within 6 s"]
+    assert sum(d for d in rec.durations().values() if d) == pytest.approx(rec.total_s)
+
+
+def test_a_log_from_before_the_ladder_reads_as_before():
+    (rec,) = tracked(recovery(1, at=T + 10))
+    assert rec.rung is None and not rec.in_place
+    assert list(rec.durations()) == ["detect", "teardown", "acquire", "build", "heal", "rejoin"]

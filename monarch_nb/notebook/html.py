@@ -141,14 +141,15 @@ def cell_outputs_html(outputs: "list[CellOutput]", missing: list[int], coords: d
 
 
 def run_status_html(run_id: str, status: dict) -> str:
-    """A fault-tolerant run's groups and warm spares: state, step, restarts, pids."""
+    """A fault-tolerant run's groups and warm spares: state, the recovery ladder's rung a
+    recovering group is on, step, restarts, pids."""
     rows = []
     for key, st in status.items():
         who = f"group {key}" if isinstance(key, int) else str(key)
-        rows.append([esc(who), badge(st["state"]), esc(st.get("step", "-")), esc(st.get("attempts", "-")),
-                     esc(", ".join(str(p) for p in st.get("pids", [])) or "-")])
+        rows.append([esc(who), badge(st["state"]), esc(st.get("rung") or "-"), esc(st.get("step", "-")),
+                     esc(st.get("attempts", "-")), esc(", ".join(str(p) for p in st.get("pids", [])) or "-")])
     return (f'<div class="mnb-run-status"><b>run {esc(run_id)}</b>'
-            + table(["group", "state", "step", "restarts", "pids"], rows, "mnb-run-groups") + "</div>")
+            + table(["group", "state", "rung", "step", "restarts", "pids"], rows, "mnb-run-groups") + "</div>")
 
 
 def failure_html(mesh: str, rank: int | None, reason: str, action: str | None = None) -> str:

@@ -26,6 +26,7 @@ STATE_STYLES: dict[str, StateStyle] = {
     "starting": StateStyle("#b0bec5", "#102027", "\u25cc", "starting"),
     "training": StateStyle(_GREEN, "#ffffff", "\u2713", "training"),
     "failed": StateStyle(_RED, "#ffffff", "\u2717", "FAILED"),
+    "repairing": StateStyle("#ff8f00", "#1a1a1a", "\u2699", "repairing in place"),
     "respawning": StateStyle(_AMBER, "#1a1a1a", "\u21bb", "respawning"),
     "healing": StateStyle(_BLUE, "#ffffff", "\u21c4", "healing"),
     "waiting": StateStyle("#6a1b9a", "#ffffff", "\u29d7", "waiting for a state holder"),

@@ -16,8 +16,12 @@ from .dashboard_format import clock, esc, fmt_bytes, secs
 from .dashboard_model import DashboardModel
 from .dashboard_timeline import LogLine
 
-PHASE_COLOURS = {"detect": "#d32f2f", "teardown": "#8d6e63", "acquire": "#f9a825", "build": "#ef6c00",
-                 "heal": "#1565c0", "rejoin": "#2e7d32"}
+PHASE_COLOURS = {"detect": "#d32f2f", "repair": "#ff8f00", "teardown": "#8d6e63", "acquire": "#f9a825",
+                 "build": "#ef6c00", "heal": "#1565c0", "rejoin": "#2e7d32"}
+# A recovery is coloured by the ladder's rung that brought it back (ft/control/ladder.py RUNGS):
+# the lower the rung, the cheaper the recovery.
+RUNG_COLOURS = {"communicator": "#2e7d32", "step": "#558b2f", "process": "#ef6c00", "hosts": "#c62828",
+                "checkpoint": "#6a1b9a"}
 # What the event itself measured, shown under a phase when it differs from the gap.
 PHASE_NOTES = {"teardown": "stop", "acquire": "spawn", "heal": "transfer"}
 
@@ -37,19 +41,21 @@ def recoveries_html(recoveries: list[Recovery], t0: float | None, *, bars: bool 
     if len(shown) < total:
         where = ("<code>run.history().recoveries()</code> reads all from the event log" if dropped else
                  "the static copy, <code>show_static()</code>, lists all")
-        rows.append(f"<tr class='mnb-recoveries-earlier'><td colspan='{len(PHASES) + 6 + bool(bars)}' "
+        rows.append(f"<tr class='mnb-recoveries-earlier'><td colspan='{len(PHASES) + 7 + bool(bars)}' "
                     f"style='color:#666'>{total - len(shown)} earlier recoveries not shown "
                     f"({where} {total})</td></tr>")
     longest = max(((r.total_s or sum(p.duration_s or 0.0 for p in r.phases())) for _, r in shown), default=0.0) or 1.0
     for i, r in shown:
         phases = r.phases()
+        had = {p.name: p for p in phases}  # a phase this recovery did not have is an empty cell
         cells = "".join(
             f"<td class='mnb-phase' data-phase='{p.name}' data-seconds='{'' if p.duration_s is None else f'{p.duration_s:.3f}'}'>"
             f"{secs(p.duration_s)}<br><span style='font-size:10px;color:#666'>{clock(p.t, t0)}"
             + (f" &middot; {PHASE_NOTES[p.name]} {secs(p.reported_s)}"
                if p.reported_s is not None and p.name in PHASE_NOTES else "")
-            + "</span></td>"
-            for p in phases)
+            + "</span></td>" if (p := had.get(name)) is not None else
+            f"<td class='mnb-phase-none' data-phase='{name}' style='color:#bbb'>&ndash;</td>"
+            for name in PHASES)
         bar = ""
         if bars:
             segs = "".join(
@@ -64,19 +70,24 @@ def recoveries_html(recoveries: list[Recovery], t0: float | None, *, bars: bool 
             rate = f" at {r.heal_gbps:.2f} GB/s" if r.heal_gbps else ""
             bad = f", {r.heal_corrupt} corrupt refetched" if r.heal_corrupt else ""
             heal = f"{fmt_bytes(r.heal_bytes)}{src}{rate}{bad}"
+        rung = r.rung or ""
+        rung_cell = (f"<td class='mnb-rung' title='{esc(' | '.join(r.escalations or []))}' style='background:"
+                     f"{RUNG_COLOURS.get(rung, '#e0e0e0')};color:{'#fff' if rung in RUNG_COLOURS else '#000'}'>"
+                     f"{esc(' → '.join(r.rungs or []) or '-')}</td>")
         rows.append(
-            f"<tr class='mnb-recovery' data-index='{i}' data-replica='{r.replica}' data-status='{esc(r.status)}'>"
-            f"<td>{r.replica}</td><td>{esc(fault)}</td><td>{clock(r.start_t, t0)}</td>{cells}"
+            f"<tr class='mnb-recovery' data-index='{i}' data-replica='{r.replica}' data-status='{esc(r.status)}' "
+            f"data-rung='{esc(rung)}'>"
+            f"<td>{r.replica}</td><td>{esc(fault)}</td><td>{clock(r.start_t, t0)}</td>{rung_cell}{cells}"
             f"<td><b>{secs(r.total_s)}</b></td><td>{esc(r.status)}</td><td>{esc(heal)}</td>{bar}</tr>")
         if r.stack:  # a hang: where the stuck rank was when it was detected
-            rows.append(f"<tr class='mnb-recovery-stack' data-index='{i}'><td colspan='{len(phases) + 6 + bool(bars)}'>"
+            rows.append(f"<tr class='mnb-recovery-stack' data-index='{i}'><td colspan='{len(PHASES) + 7 + bool(bars)}'>"
                         f"<details><summary style='font-size:11px'>stack of group {r.replica} rank {r.rank} when the "
                         f"hang was detected</summary><pre style='font-size:10px;max-height:240px;overflow:auto;"
                         f"margin:0'>{esc(r.stack)}</pre></details></td></tr>")
     bar_head = "<th>timeline</th>" if bars else ""
     phase_heads = "".join(f"<th>{name}</th>" for name in PHASES)
     return ("<div class='mnb-recoveries' data-count='%d' data-shown='%d'><table border='1' style='border-collapse:"
-            "collapse;font-family:sans-serif;font-size:12px'><thead><tr><th>group</th><th>fault</th><th>at</th>"
+            "collapse;font-family:sans-serif;font-size:12px'><thead><tr><th>group</th><th>fault</th><th>at</th><th>rung</th>"
             "%s<th>total</th><th>status</th><th>state copied</th>%s</tr></thead><tbody>%s</tbody></table></div>"
             % (total, len(shown), phase_heads, bar_head, "".join(rows)))
 

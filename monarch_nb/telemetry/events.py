@@ -403,6 +403,43 @@ class Acquired(Event):
 
 
 @dataclass(frozen=True, kw_only=True)
+class RungStarted(Event):
+    """The recovery ladder (ft/control/ladder.py) tries ``rung`` on a failed group: the lowest
+    rung that can fix its failure, or the next one up after an escalation. Rungs, lowest first:
+    communicator, step, process, hosts, checkpoint."""
+
+    kind: ClassVar[str] = "rung_started"
+    replica: int
+    rung: str
+    reason: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class RungEscalated(Event):
+    """``rung`` did not bring the group back (``reason``) after ``seconds``: ``to`` takes over."""
+
+    kind: ClassVar[str] = "rung_escalated"
+    replica: int
+    rung: str
+    to: str
+    reason: str
+    seconds: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class Repaired(Event):
+    """A stalled group was repaired in its own processes (rung communicator or step): a new
+    cross-replica communicator, the broken step dropped; model, optimizer and step kept.
+    ``seconds``: the repair itself; the group rejoins at its next committed step."""
+
+    kind: ClassVar[str] = "repaired"
+    replica: int
+    cause: str
+    seconds: float
+    step: int
+
+
+@dataclass(frozen=True, kw_only=True)
 class Respawned(Event):
     """The replacement group's trainers are built and training started (acquire + build)."""
 

@@ -101,6 +101,9 @@ class Detector:
         for rank, value in sorted(result.values.items()):
             if value.get("state") == "failed":
                 return Failure(value.get("failure") or "trainer reported failure", rank, time.time(), "trainer")
+            if value.get("state") == "stalled":  # alive, its training stopped: the ladder may repair it in place
+                return Failure(value.get("failure") or "trainer stalled", rank, time.time(), "trainer",
+                               cause=value.get("cause"))
         if any(v.get("state") == "waiting_for_peer" for v in result.values.values()):
             if g.state != WAITING:
                 self._set_state(g, WAITING, "behind the run's progress, and its quorum has no peer that holds the "

@@ -47,7 +47,7 @@ class FaultDelivery:
         g = self.groups[fault.replica]
         actors = g.actors.slice(gpus=fault.rank) if self.config.group_size > 1 else g.actors
         res = self._live_session().deadline(actors, CALL_TIMEOUT_S).inject.call(
-            fault.kind.value, fault.at_step, fault.hang_s, fault.during)
+            fault.kind.value, fault.at_step, fault.hang_s, fault.during, fault.stuck)
         return next(iter(res.values.values()), None)
 
     def through_scheduler(self, fault: Fault) -> int | None:

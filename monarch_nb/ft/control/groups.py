@@ -16,15 +16,20 @@ from typing import Any
 # Every state a replica group can be in; the dashboard has a style for each.
 STARTING, TRAINING, FAILED, RESPAWNING, HEALING = "starting", "training", "failed", "respawning", "healing"
 STOPPED, GAVE_UP, FINISHED, RETIRING, RETIRED = "stopped", "gave_up", "finished", "retiring", "retired"
+# Alive, its training stalled (broken communicator, a step that raised): being repaired in its own
+# processes (the ladder's communicator and step rungs).
+REPAIRING = "repairing"
 # Alive and behind the run's progress, with no live peer that holds the run's state (every group
 # was lost): it waits for a checkpoint load, a peer, or the user's restart_from_scratch().
 WAITING = "waiting"
-GROUP_STATES = (STARTING, TRAINING, FAILED, RESPAWNING, HEALING, WAITING, STOPPED, GAVE_UP, FINISHED, RETIRING,
-                RETIRED)
+GROUP_STATES = (STARTING, TRAINING, FAILED, REPAIRING, RESPAWNING, HEALING, WAITING, STOPPED, GAVE_UP, FINISHED,
+                RETIRING, RETIRED)
 # States in which the supervisor has nothing more to do.
 TERMINAL = (STOPPED, GAVE_UP, FINISHED, RETIRING, RETIRED)
 # States in which a new failure report is news (not a repeat of one being handled).
-WATCHED = (STARTING, TRAINING, HEALING, WAITING)
+WATCHED = (STARTING, TRAINING, REPAIRING, HEALING, WAITING)
+# States of a group being brought back (the ladder's rung says how).
+RECOVERING = (FAILED, REPAIRING, RESPAWNING, HEALING, WAITING)
 # States whose processes are gone for good: such a group shows no pids and is waited on by no one.
 GONE = (STOPPED, GAVE_UP, RETIRING, RETIRED)
 
@@ -44,6 +49,7 @@ class Failure:
     t: float
     source: str
     stack: str | None = None  # a hang: where the stuck rank was (py-spy), read before the teardown
+    cause: str | None = None  # a stalled trainer's cause ("comms", "exception"): the ladder repairs it in place
 
 
 @dataclass
@@ -59,6 +65,7 @@ class ReplicaGroup:
     last_answer: float = 0.0  # monotonic time of the last complete poll
     procs: list[tuple[int, str]] = field(default_factory=list)  # (pid, host) of each rank
     failure: Failure | None = None  # set by any thread that noticed; the supervisor acts on it
+    rung: str | None = None  # the ladder's rung bringing it back now, or that brought it back last
     wake: threading.Event = field(default_factory=threading.Event)
 
     @property
@@ -105,6 +112,11 @@ class GroupTable:
                 return False
             group.state = state
             return True
+
+    def set_rung(self, group: ReplicaGroup, rung: str) -> None:
+        """The ladder's rung now bringing ``group`` back."""
+        with self.lock:
+            group.rung = rung
 
     def signal_failure(self, group: ReplicaGroup, failure: Failure) -> bool:
         """Record a failure noticed outside the supervisor (first one wins) and wake it."""
@@ -185,4 +197,5 @@ class GroupTable:
     def status(self) -> dict[int, dict[str, Any]]:
         with self.lock:
             return {g.index: {"state": g.state, "step": g.step, "attempts": g.attempts,
+                              "rung": g.rung if g.state in RECOVERING else None,
                               "pids": [] if g.state in GONE else g.pids} for g in self.groups}

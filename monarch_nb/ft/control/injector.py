@@ -44,9 +44,10 @@ class FaultInjector:
         self._schedule_stop: threading.Event | None = None
 
     def inject(self, kind: str | FaultKind, replica: int = 0, rank: int = 0, *, at_step: int | None = None,
-               after_s: float | None = None, hang_s: float = 30.0, during: str | None = None) -> Fault:
+               after_s: float | None = None, hang_s: float = 30.0, during: str | None = None,
+               stuck: bool = False) -> Fault:
         fault = Fault(kind=FaultKind.parse(kind), replica=replica, rank=rank, at_step=at_step, after_s=after_s,
-                      hang_s=hang_s, during=during)
+                      hang_s=hang_s, during=during, stuck=stuck)
         fault.validate(len(self._groups.groups), self.group_size)  # groups added by scale() count
         now = self._groups[fault.replica].step
         if fault.at_step is not None and fault.at_step <= now:

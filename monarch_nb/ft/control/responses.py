@@ -1,8 +1,8 @@
 """What the supervisor does about a failed group: one small class per ``RunConfig.on_failure``.
 
-* :class:`PeerResponse` ("peer"): only the failed group is torn down and brought back (a warm
-  spare, or fresh processes, as often as its :class:`~..spec.respawn.RespawnBackoff` allows); it heals
-  from a live peer while the others train on.
+* :class:`PeerResponse` ("peer"): only the failed group is brought back, at the lowest rung of
+  the recovery ladder that can fix what broke (``ladder.py``: its communicator rebuilt in place,
+  or its processes replaced and healed from a live peer); the others train on.
 * :class:`RestartResponse` ("restart"): every group stops and all of them restart from the
   newest durable checkpoint, loading it at once; torchft's quorum still runs every step.
 * :class:`PlainRestartResponse` ("plain_restart"): the same restart for a job without torchft (one
@@ -10,7 +10,7 @@
   other, which the run passes them.
 
 The supervisor watches, detects and asks its response; a response uses only the means
-:class:`ResponseMeans` names (the supervisor provides them: teardown, acquire, start, emit, ...)
+:class:`~.means.ResponseMeans` names (the supervisor provides them: teardown, acquire, start, emit, ...)
 and never holds a lock across them.
 """
 
@@ -18,45 +18,13 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any, Callable, ClassVar, Protocol
+from typing import ClassVar
 
-from ...telemetry.events import Acquired, Event, FailureDetected, GaveUp, Respawned, RestartedFromCheckpoint
-from ..record.ingest import EventIngest
+from ...telemetry.events import Acquired, Respawned, RestartedFromCheckpoint, RungStarted
 from ..spec.checkpoint_format import latest_complete
-from ..spec.config import RunConfig
-from .groups import FAILED, GAVE_UP, HEALING, RESPAWNING, Failure, GroupTable, ReplicaGroup
-from .identity import IdentityChecks
-from .spares import SparePool
-
-
-class ResponseMeans(Protocol):
-    """What a failure response may use (the supervisor provides it)."""
-
-    config: RunConfig
-    groups: GroupTable
-    ingest: EventIngest
-    identity: IdentityChecks
-    stopping: threading.Event
-    checkpoint_dir: str | None
-
-    @property
-    def spares(self) -> SparePool | None: ...
-    def emit(self, event: Event) -> None: ...
-    def set_state(self, g: ReplicaGroup, state: str, detail: str = "") -> None: ...
-    def closed(self) -> bool: ...
-    def fired_time(self, g: ReplicaGroup) -> float | None: ...
-    def announce(self, g: ReplicaGroup, failure: Failure, fired: float | None) -> None: ...
-    def report(self, g: ReplicaGroup, failure: Failure) -> None: ...
-    def teardown(self, g: ReplicaGroup) -> None: ...
-    def teardown_all(self, groups: list[ReplicaGroup], failed: ReplicaGroup) -> None: ...
-    def finish_if_run_is_over(self, g: ReplicaGroup) -> bool: ...
-    def acquire(self, g: ReplicaGroup, t0: float) -> None: ...
-    def spawn_all(self, groups: list[ReplicaGroup]) -> dict[int, float]: ...
-    def wait_ready(self, g: ReplicaGroup, deadline: float) -> None: ...
-    def start_training(self, g: ReplicaGroup, min_step: int = 0, resume_from: str | None = None) -> None: ...
-    def at_once(self, groups: list[ReplicaGroup], fn: Callable[[ReplicaGroup], Any], name: str) -> dict[int, Any]: ...
-    def progress(self) -> int: ...
-    def last_recorded_step(self) -> int: ...
+from .groups import FAILED, HEALING, RESPAWNING, Failure, ReplicaGroup
+from .ladder import Ladder
+from .means import ResponseMeans
 
 
 class FailureResponse:
@@ -70,8 +38,8 @@ class FailureResponse:
     def respond(self, g: ReplicaGroup, failure: Failure) -> None:
         raise NotImplementedError
 
-    def action(self) -> str:
-        """What happens after a group's failure, as its notice says it."""
+    def action(self, cause: str | None = None) -> str:
+        """What happens after a group's failure (a stalled trainer's ``cause``), as its notice says it."""
         raise NotImplementedError
 
     def busy(self) -> bool:
@@ -80,53 +48,25 @@ class FailureResponse:
 
 
 class PeerResponse(FailureResponse):
+    """Only the failed group is brought back, at the lowest rung of the ladder that can fix
+    what broke (``ladder.py``); the others train on."""
+
     name = "peer"
 
-    def action(self) -> str:
-        spare = " (a warm spare if one is ready)" if self.means.spares is not None else ""
-        return f"its group is torn down and replaced{spare}; the replacement heals from a live peer"
+    def __init__(self, means: ResponseMeans) -> None:
+        super().__init__(means)
+        self.ladder = Ladder(means)
+
+    def action(self, cause: str | None = None) -> str:
+        return self.ladder.action(cause)
 
     def respond(self, g: ReplicaGroup, failure: Failure) -> None:
         means = self.means
         fired = means.fired_time(g)
         means.ingest.expect_rejoin(g.index, fired or failure.t)
         means.announce(g, failure, fired)
-        means.set_state(g, FAILED, failure.reason[:200])
-        means.identity.left_out(g.index)  # its digests at a checked step will never come
         means.report(g, failure)
-        backoff = means.config.respawn
-        while not means.stopping.is_set() and not means.closed():
-            means.teardown(g)
-            if not backoff.allows(g.in_a_row + 1):
-                means.emit(GaveUp(replica=g.index, attempts=g.in_a_row))
-                means.set_state(g, GAVE_UP, f"after {g.in_a_row} attempts in a row")
-                return
-            if means.finish_if_run_is_over(g):
-                return
-            in_a_row = means.groups.failed_again(g)  # reset when the group rejoins: a cause that persists backs off
-            delay = backoff.wait_before(in_a_row)
-            if delay:
-                means.set_state(g, FAILED, f"attempt {g.attempts + 1} in {delay:g} s (attempt {in_a_row} in a row)")
-                if means.stopping.wait(delay):
-                    return
-            attempt = means.groups.begin_attempt(g)
-            means.set_state(g, RESPAWNING, f"attempt {attempt}")
-            t0 = time.time()
-            try:
-                means.acquire(g, t0)
-                if means.stopping.is_set():
-                    return
-                means.start_training(g, min_step=means.progress())
-            except Exception as e:  # the respawn itself failed: counts as an attempt, try again
-                if means.stopping.is_set():
-                    return
-                means.emit(FailureDetected(replica=g.index, rank=None, reason=f"respawn failed: {e}"[:300]))
-                means.set_state(g, FAILED, f"respawn attempt {attempt} failed")
-                continue
-            means.emit(Respawned(replica=g.index, attempt=attempt, seconds=time.time() - t0))
-            means.set_state(g, HEALING)
-            means.groups.touch(g, time.monotonic())
-            return
+        self.ladder.climb(g, failure)
 
 
 class RestartResponse(FailureResponse):
@@ -137,7 +77,7 @@ class RestartResponse(FailureResponse):
         self.lock = threading.Lock()  # guards the claim of ``restarting``; never held across a call
         self.restarting = threading.Event()
 
-    def action(self) -> str:
+    def action(self, cause: str | None = None) -> str:
         return f"on_failure={self.name!r}: every group stops and restarts from the newest checkpoint"
 
     def busy(self) -> bool:
@@ -164,6 +104,8 @@ class RestartResponse(FailureResponse):
         for h in groups:
             means.set_state(h, FAILED if h is g else RESPAWNING, failure.reason[:200] if h is g else "restart")
         means.report(g, failure)
+        means.emit(RungStarted(replica=g.index, rung="checkpoint", reason=f"on_failure={self.name!r}: "
+                                                                        f"{failure.reason}"[:300]))
         means.teardown_all(groups, g)
         last = means.last_recorded_step()  # read once no group trains: a poll in flight has landed
         checkpoint = latest_complete(means.checkpoint_dir) if means.checkpoint_dir else None

@@ -285,13 +285,15 @@ class FTRun:
     # ---- faults -----------------------------------------------------------------------
 
     def inject(self, kind: str | FaultKind, replica: int = 0, rank: int = 0, *, at_step: int | None = None,
-               after_s: float | None = None, hang_s: float = 30.0, during: str | None = None) -> Fault:
+               after_s: float | None = None, hang_s: float = 30.0, during: str | None = None,
+               stuck: bool = False) -> Fault:
         """Arm a fault in one process of one replica group.
 
         ``at_step=N`` fires inside step N; ``after_s=S`` fires in the first step after S
         seconds; ``during=PHASE`` fires when the process next enters that phase of a quorum
         or heal (``faults.PHASES``: quorum, pg_setup, heal_send, heal_recv); none: the next
-        step. Validated before anything is sent; a target that is not training or healing is
+        step. ``stuck=True`` (comms only): the process cannot rebuild its communicator, so
+        the ladder must escalate from ``communicator`` to ``process``. Validated before anything is sent; a target that is not training or healing is
         refused, naming the groups that are. ``corrupt`` needs ``heal_transport="striped"``.
         """
         refuse_corrupt_unless_striped(kind, self.config.heal_transport)
@@ -299,7 +301,7 @@ class FTRun:
             raise ValueError(f"at_step: {at_step} is past the run's last step (steps={self.config.steps}); it would "
                              f"never fire; allowed: up to {self.config.steps}")
         return self.faults.inject(kind, replica, rank, at_step=at_step, after_s=after_s, hang_s=hang_s,
-                                  during=during)
+                                  during=during, stuck=stuck)
 
     def disarm(self) -> int:
         """Drop every armed fault that has not fired yet (in every training or healing group);

@@ -123,6 +123,31 @@ class Supervisor:
         """The session is shut down: nothing is left to bring back."""
         return self.session.closed
 
+    def repair(self, g: ReplicaGroup, timeout: float) -> float:
+        """The ladder's in-place rungs: every rank of ``g`` gets a new communicator and drops the
+        step that broke; raises unless all did within ``timeout``. The ranks are alive again in
+        the session's view. Returns the slowest rank's seconds."""
+        result = self.call(g, "repair", timeout=timeout)
+        if result.errors or result.missing:
+            what = (f"rank {min(result.errors)}: {result.errors[min(result.errors)]}" if result.errors
+                    else f"ranks {result.missing} did not answer")
+            raise RuntimeError(f"repair of {g.name}: {what}")
+        handle = self.session.mesh(g.name)
+        for rank in result.values:
+            handle.mark_repaired(rank)
+        return max(result.values.values(), default=0.0)
+
+    def allocation_gone(self, g: ReplicaGroup) -> bool:
+        """The scheduler no longer runs ``g``'s allocation (preempted, cancelled, node down): the
+        ladder enters at ``hosts``. False for processes on this machine."""
+        try:
+            allocation = self.session.mesh(g.name).allocation
+            status = allocation.status() if allocation is not None else None
+        except Exception as exc:  # the scheduler did not answer: not known to be gone
+            log.debug("allocation of %s: %s", g.name, exc)
+            return False
+        return status is not None and not status.running
+
     def call(self, g: ReplicaGroup, endpoint: str, *args: Any, timeout: float = 10.0) -> Any:
         return self.launcher.call(g, endpoint, *args, timeout=timeout)
 
@@ -282,11 +307,12 @@ class Supervisor:
 
     # ---- responding: one class per on_failure (responses.py) -------------------------------
 
-    def failure_action(self, mesh: str) -> str:
-        """What this run does when a rank of ``mesh`` fails (the notice says it after the fault)."""
+    def failure_action(self, mesh: str, cause: str | None = None) -> str:
+        """What this run does when a rank of ``mesh`` fails (the notice says it after the fault);
+        ``cause``: a stalled trainer's (the ladder may repair it in place)."""
         if not mesh.startswith("replica"):
             return "the spare is discarded and another one built"
-        return self.response.action()
+        return self.response.action(cause)
 
     def report(self, g: ReplicaGroup, failure: Failure) -> None:
         """The failure as the notebook shows it: one notice per failed rank, naming the fault
@@ -296,7 +322,8 @@ class Supervisor:
         if where:
             cause += f"; stuck in {' < '.join(where)}"
         try:
-            self.session.report_failure(g.name, failure.rank, cause)
+            self.session.report_failure(g.name, failure.rank, cause,
+                                        self.failure_action(g.name, failure.cause) if failure.cause else None)
         except Exception as exc:  # the notice must never stop a recovery
             log.debug("reporting the failure of %s: %s", g.name, exc)
 

@@ -14,7 +14,7 @@ import threading
 import time
 from typing import Any, Callable
 
-from ...telemetry.events import AllGroupsLost, CheckpointLoadFailed, Event, Resumed
+from ...telemetry.events import AllGroupsLost, CheckpointLoadFailed, Event, Resumed, RungEscalated, RungStarted
 from ..spec.checkpoint_format import latest_complete
 from .groups import HEALING, TRAINING, WAITING, GroupTable
 
@@ -60,10 +60,16 @@ class TotalLoss:
                                             "(%monarch restart --from-scratch) trains again from the initial weights; "
                                             "set checkpoint_every to survive this"))
             return
+        waiting = [g for g in self.groups if g.state in (WAITING, HEALING)]
         if first:
             self._emit(AllGroupsLost(step=step, checkpoint=str(checkpoint.path),
                                      detail=f"no live peer: resuming from the checkpoint of step {checkpoint.step}"))
-        waiting = [g for g in self.groups if g.state in (WAITING, HEALING)]
+            for g in waiting:  # the ladder's last rung: the process rung brought them back without a state
+                why = f"no live peer holds the run's state (step {step})"
+                if g.rung in ("process", "hosts"):
+                    self._emit(RungEscalated(replica=g.index, rung=g.rung, to="checkpoint", reason=why, seconds=0.0))
+                self.groups.set_rung(g, "checkpoint")
+                self._emit(RungStarted(replica=g.index, rung="checkpoint", reason=why))
         failed: dict[int, str] = {}
         for g in waiting:
             for attempt in range(2):  # one retry: a load can lose a race with a poll

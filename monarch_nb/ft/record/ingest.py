@@ -26,6 +26,7 @@ from ...telemetry.events import (
     Quorum,
     QuorumTimedOut,
     Rejoined,
+    Repaired,
     Step,
 )
 
@@ -159,6 +160,9 @@ class EventIngest:
         elif kind == "comms_retry" and rank == 0:
             yield CommsRetry(t=t, replica=replica, reason=str(ev.get("reason", "")), attempt=int(ev.get("attempt", 1)),
                              step=int(ev.get("step", 0)))
+        elif kind == "repaired" and rank == 0:
+            yield Repaired(t=t, replica=replica, cause=str(ev.get("cause") or ""), seconds=float(ev.get("seconds", 0.0)),
+                           step=int(ev.get("step", 0)))
         elif kind == "quorum_timeout" and rank == 0:
             yield QuorumTimedOut(t=t, replica=replica, error=str(ev.get("error", "")))
         elif kind == "hashes":

@@ -13,8 +13,12 @@ benchmarks all see the same recoveries from the same rules:
 * a failure of a group that was already respawned but had not rejoined ends the open recovery
   ("failed again") and starts a new one.
 
-Phases run back to back, each from the previous one's end, so a finished recovery's phases
-add up to fault -> first committed step of the victim (``total_s``). A phase whose event is
+Which phases a recovery has depends on the rungs of the recovery ladder it went through
+(``rung_started`` events, ft/control/ladder.py): repaired in place (``communicator``, ``step``):
+detect, repair, heal, rejoin; its processes replaced (``process``, ``hosts``, or a log from before
+the ladder): detect, teardown, acquire, build, heal, rejoin; escalated from one to the other:
+all of them. Phases run back to back, each from the previous one's end, so a finished
+recovery's phases add up to fault -> first committed step of the victim (``total_s``). A phase whose event is
 missing (an older log, or a step that did not happen) has no duration, and the next phase
 runs from the last known end.
 """
@@ -32,8 +36,11 @@ from ...telemetry.events import (
     GaveUp,
     Healed,
     Rejoined,
+    Repaired,
     ReplicasIdentical,
     Respawned,
+    RungEscalated,
+    RungStarted,
     TornDown,
     WorkerExitReported,
     WorkerFailed,
@@ -41,14 +48,18 @@ from ...telemetry.events import (
 from ..spec.faults import FAILS_NOTHING
 
 # The phases of a recovery in order; each ends with the event named in the docstring of Phase.
-PHASES = ("detect", "teardown", "acquire", "build", "heal", "rejoin")
+PHASES = ("detect", "repair", "teardown", "acquire", "build", "heal", "rejoin")
+IN_PLACE_PHASES = ("repair",)  # only when the ladder repaired the group in its own processes
+REPLACE_PHASES = ("teardown", "acquire", "build")  # only when its processes were replaced
+IN_PLACE_RUNGS = ("communicator", "step")
 
 
 @dataclass(frozen=True)
 class Phase:
     """One phase of a recovery.
 
-    detect: the fault fired -> the controller knew; teardown: -> the failed processes are gone;
+    detect: the fault fired -> the controller knew; repair: -> the group's live processes have a
+    new communicator (in place); teardown: -> the failed processes are gone;
     acquire: -> processes to replace them are up (spawned, a spare taken, or an allocation);
     build: -> the trainer is constructed and training started; heal: -> the state arrived from
     a peer; rejoin: -> the group committed its first step. ``duration_s`` runs from the previous
@@ -74,6 +85,10 @@ class Recovery:
     detected_t: float | None = None
     detection_s: float | None = None  # fault fired -> detected, when the fault log says when it fired
     detected_by: str | None = None  # supervision, pid, endpoint, trainer, hang, scheduler
+    rungs: list[str] | None = None  # the ladder's rungs tried, in order (the last one brought it back)
+    escalations: list[str] | None = None  # "communicator -> process: why", one per escalation
+    repaired_t: float | None = None
+    repair_s: float | None = None  # the in-place repair as the workers measured it
     torn_down_t: float | None = None
     teardown_s: float | None = None
     acquired_t: float | None = None
@@ -109,6 +124,23 @@ class Recovery:
         return self.injected_t if self.injected_t is not None else self.detected_t
 
     @property
+    def rung(self) -> str | None:
+        """The ladder's rung bringing the group back (finished: the one that did); None in a log
+        from before the ladder."""
+        return self.rungs[-1] if self.rungs else None
+
+    @property
+    def in_place(self) -> bool:
+        """Repaired in its own processes only (never escalated to replacing them)."""
+        return bool(self.rungs) and all(r in IN_PLACE_RUNGS for r in self.rungs or ())
+
+    def phase_names(self) -> tuple[str, ...]:
+        """The phases this recovery has (see the module docstring)."""
+        tried_in_place = any(r in IN_PLACE_RUNGS for r in self.rungs or ()) or self.repaired_t is not None
+        return tuple(p for p in PHASES if (p not in IN_PLACE_PHASES or tried_in_place)
+                     and (p not in REPLACE_PHASES or not self.in_place))
+
+    @property
     def finished(self) -> bool:
         return self.rejoined_t is not None or self.gave_up or self.failed_again
 
@@ -122,6 +154,8 @@ class Recovery:
             return "recovered"
         if self.detected_t is None:
             return "detecting"
+        if self.in_place:
+            return "repairing" if self.repaired_t is None else "rejoining"
         if self.respawned_t is None:
             return "respawning"
         if self.healed_t is None:
@@ -129,12 +163,12 @@ class Recovery:
         return "rejoining"
 
     def phases(self) -> list[Phase]:
-        ends = {"detect": self.detected_t, "teardown": self.torn_down_t, "acquire": self.acquired_t,
-                "build": self.respawned_t, "heal": self.healed_t, "rejoin": self.rejoined_t}
-        reported = {"detect": self.detection_s, "teardown": self.teardown_s, "acquire": self.acquire_s,
-                    "heal": self.heal_s}
+        ends = {"detect": self.detected_t, "repair": self.repaired_t, "teardown": self.torn_down_t,
+                "acquire": self.acquired_t, "build": self.respawned_t, "heal": self.healed_t, "rejoin": self.rejoined_t}
+        reported = {"detect": self.detection_s, "repair": self.repair_s, "teardown": self.teardown_s,
+                    "acquire": self.acquire_s, "heal": self.heal_s}
         out, last = [], self.start_t
-        for name in PHASES:
+        for name in self.phase_names():
             end = ends[name]
             duration = None if end is None or last is None else max(0.0, end - last)
             out.append(Phase(name, end, duration, reported.get(name)))
@@ -164,7 +198,8 @@ class Recovery:
                 + (f", {self.heal_corrupt} corrupt piece(s) refetched" if self.heal_corrupt else "")
                 if self.heal_s is not None and self.heal_bytes else "")
         how = f", acquired by {self.acquired_how}" if self.acquired_how else ""
-        return (f"{what}: {self.status}, total {total} = {phases}{heal}{how}; "
+        rung = f"; rung {' -> '.join(self.rungs)}" if self.rungs else ""
+        return (f"{what}: {self.status}, total {total} = {phases}{heal}{how}{rung}; "
                 f"detected by {self.detected_by or '?'}: {self.reason}")
 
     @property
@@ -182,7 +217,7 @@ class Recovery:
     def row(self) -> dict[str, Any]:
         """One flat row for a table (notebooks, benchmarks): the phases as ``<phase>_s`` columns."""
         return {"replica": self.replica, "fault": self.fault or "unplanned", "status": self.status,
-                **{f"{name}_s": seconds for name, seconds in self.durations().items()}, "total_s": self.total_s,
+                "rung": self.rung, **{f"{name}_s": seconds for name, seconds in self.durations().items()}, "total_s": self.total_s,
                 "acquired_how": self.acquired_how, "heal_MB": self.heal_bytes / 1e6 if self.heal_bytes else None,
                 "heal_source": self.heal_source, "heal_donors": self.heal_donors, "heal_GBps": self.heal_gbps,
                 "rejoined_step": self.rejoined_step,
@@ -191,7 +226,8 @@ class Recovery:
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
-        data.update(status=self.status, start_t=self.start_t, total_s=self.total_s, phases=self.durations())
+        data.update(status=self.status, start_t=self.start_t, total_s=self.total_s, phases=self.durations(),
+                    rung=self.rung)
         return data
 
 
@@ -283,7 +319,13 @@ class RecoveryTracker:
             return rec
         if rec is None:
             return None
-        if isinstance(e, TornDown):
+        if isinstance(e, RungStarted):
+            rec.rungs = [*(rec.rungs or []), e.rung]
+        elif isinstance(e, RungEscalated):
+            rec.escalations = [*(rec.escalations or []), f"{e.rung} -> {e.to or 'nothing'}: {e.reason}"]
+        elif isinstance(e, Repaired):
+            rec.repaired_t, rec.repair_s = e.t, e.seconds
+        elif isinstance(e, TornDown):
             rec.torn_down_t, rec.teardown_s = e.t, e.seconds
         elif isinstance(e, Acquired):
             rec.acquired_t, rec.acquire_s, rec.acquired_how = e.t, e.seconds, e.how

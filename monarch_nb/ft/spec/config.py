@@ -73,6 +73,8 @@ def check_run_name(name: object) -> None:
 
 
 ON_FAILURE = ("peer", "restart", "plain_restart")
+# Where the recovery ladder may start (its rungs, lowest first: ft/control/ladder.py RUNGS).
+LOWEST_RUNGS = ("communicator", "process")
 # every failure restarts the whole run from its newest checkpoint
 RESTARTS = ("restart", "plain_restart")
 
@@ -183,14 +185,12 @@ class RunConfig:
         heal_interface: the network interface heals go over, by name (e.g. "ib0", "mnb1"):
             each worker serves and advertises that interface's IPv4 address for "striped" and
             "http" heals. None (default): the address the collectives use (advertise_host).
-            A node whose hostname resolves to a slow management network is the trap of
-            torchft issue #329 (a transfer 40x slower than over the fast interface).
+            (A hostname on a slow management network: torchft issue #329.)
         advertise_host: the address each worker's torchft servers advertise to peers. None
             (default) picks by placement: 127.0.0.1 on this machine, the node's own address
             on a cluster; "auto" resolves the worker's hostname. A local run refuses a
             non-loopback address unless ``expose=True``.
-        expose: allow a local run to advertise a non-loopback address (other machines may
-            then fetch its state); default False.
+        expose: let a local run advertise a non-loopback address (default False).
 
     Durable checkpoints and what a failure does (ft/worker/checkpointer.py, ft/control/checkpoint_folder.py,
     ft/control/responses.py):
@@ -212,6 +212,11 @@ class RunConfig:
             group, built once, as a torchtitan job under torchrun runs (ft/worker/plain_replication.py); no spares,
             and every group must be up for a step (min_replicas is the whole job). Its older
             name, ``recovery``, still reads (recorded runs, old job files and dicts).
+        lowest_rung: where the recovery ladder (ft/control/ladder.py) may start: "communicator"
+            (default: a live process whose communicator broke or whose step raised is repaired
+            in place), or "process" (every fault replaces the process, as before the ladder).
+        repair_timeout_s: an in-place repair must bring its group back (a committed step)
+            within this, else the ladder replaces the process (default 20).
         resume_from: start this new run from a durable checkpoint written by another run: a
             ``step-N`` directory, or a checkpoint folder (its newest complete checkpoint). Its
             weights, optimizer state, LR schedule and step are loaded into every group before
@@ -285,6 +290,8 @@ class RunConfig:
     checkpoint_keep: int = 3  # newest checkpoints kept
     on_failure: str = "peer"  # "peer": heal from a live peer; "restart": every group restarts from disk
     resume_from: str | None = None  # a new run starts from another run's checkpoint (named, recorded)
+    lowest_rung: str = "communicator"  # the ladder's lowest rung; "process": replace every failed process
+    repair_timeout_s: float = 20.0  # an in-place repair brings its group back within this, else escalates
     # controller
     poll_interval_s: float = 0.25  # how often each group's telemetry is drained
     hang_timeout_s: float = 5.0  # a group that answers nothing for this long is hung
@@ -353,7 +360,10 @@ class RunConfig:
                              f"allowed values: 1..{self.replicas}")
         for name in ("heartbeat_timeout_ms", "join_timeout_ms", "quorum_tick_ms"):
             need_int(name, 1)
-        for name in ("pg_timeout_s", "quorum_timeout_s", "poll_interval_s", "hang_timeout_s", "init_timeout_s"):
+        if self.lowest_rung not in LOWEST_RUNGS:
+            raise ValueError(f"lowest_rung: unknown value {self.lowest_rung!r}; allowed values: {', '.join(LOWEST_RUNGS)}")
+        for name in ("pg_timeout_s", "quorum_timeout_s", "poll_interval_s", "hang_timeout_s", "init_timeout_s",
+                     "repair_timeout_s"):
             need_pos(name)
         if self.hang_timeout_s <= self.poll_interval_s:
             raise ValueError(f"hang_timeout_s: must exceed poll_interval_s ({self.poll_interval_s}), "

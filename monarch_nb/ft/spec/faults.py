@@ -11,8 +11,11 @@ Kinds and how each is survived:
   kill       SIGKILL the process            -> Monarch supervision reports the dead process
   segfault   a real SIGSEGV (NULL read)     -> same
   exit       ``os._exit(13)``               -> same
-  exception  raised inside the train step   -> the trainer reports it through ``status``
-  comms      abort the cross-replica PG     -> the trainer reports broken comms
+  exception  raised inside the train step   -> the trainer stalls; the ladder retries the step
+                                               in place
+  comms      abort the cross-replica PG     -> the trainer stalls; the ladder rebuilds its
+                                               communicator in place (``stuck``: it cannot,
+                                               and the ladder replaces the process)
   hang       hold the GIL for N seconds     -> calls to the actor time out (hang deadline)
   corrupt    flip one byte of the next heal -> the healing peer's digest check catches it
              this process serves (in transit;  (``heal_corrupt``) and refetches that piece from
@@ -105,6 +108,7 @@ class Fault:
     after_s: float | None = None  # or fire this many seconds after injection
     hang_s: float = 30.0  # for HANG: how long the GIL is held
     during: str | None = None  # or fire when the process next enters this phase (PHASES)
+    stuck: bool = False  # COMMS only: the process cannot rebuild its communicator (a repair hangs hang_s)
 
     def validate(self, replicas: int, group_size: int) -> None:
         FaultKind.parse(self.kind)
@@ -128,6 +132,9 @@ class Fault:
             if self.kind in CLUSTER_KINDS or self.kind is FaultKind.EXCEPTION:
                 raise ValueError(f"during: a {self.kind.value} fault cannot be aimed at a phase inside a worker; "
                                  "allowed kinds: kill, segfault, exit, comms, hang")
+        if self.stuck and FaultKind.parse(self.kind) is not FaultKind.COMMS:
+            raise ValueError(f"stuck: only a comms fault can be stuck (its communicator cannot be rebuilt in "
+                             f"place); got kind {FaultKind.parse(self.kind).value!r}")
         if self.kind in CLUSTER_KINDS and self.at_step is not None:
             raise ValueError(f"at_step: {self.kind.value} is done through the scheduler, which knows no steps; "
                              "give after_s=SECONDS or nothing (at once)")

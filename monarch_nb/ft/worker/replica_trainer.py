@@ -166,8 +166,13 @@ class ReplicaTrainer:
         return self.steps.comms_broken()
 
     def abort_comms(self) -> None:
-        """The ``comms`` fault: this group's cross-replica communicator dies for good."""
+        """The ``comms`` fault: this group's cross-replica communicator is dead until replaced."""
         self.steps.abort_comms()
+
+    def repair(self) -> float:
+        """A new cross-replica communicator in this process, the broken step dropped (the
+        ladder's ``communicator`` and ``step`` rungs); returns seconds."""
+        return self.steps.repair()
 
     def shutdown(self, save_timeout: float | None = None) -> None:
         """Leave the run; a durable save still writing gets ``save_timeout`` s (None: no bound)."""

@@ -85,6 +85,12 @@ class Replication(ABC):
     def abort(self) -> None:
         """Drop this rank's cross-group connections now (a failed collective, the comms fault)."""
 
+    def reset(self) -> None:
+        """Rung ``communicator``: replace this rank's cross-group communicator in place, keeping
+        the process, model, optimizer and step; the next quorum builds a fresh one. Raises when
+        this side cannot (the ladder then replaces the process)."""
+        raise RuntimeError(f"{type(self).__name__} cannot rebuild its communicator in place")
+
     @abstractmethod
     def shutdown(self) -> None:
         """Leave the run."""

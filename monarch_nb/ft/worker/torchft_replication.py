@@ -252,6 +252,12 @@ class TorchftReplication(Replication):
     def abort(self) -> None:
         self.ft_pg.abort()
 
+    def reset(self) -> None:
+        """A new Manager and process group with this replica's step (``_new_manager``): its new
+        replica id makes the next quorum a new one, so every member builds a fresh group."""
+        self._new_manager()
+        self._comms_retries, self._retry_quorum_id = 0, None
+
     def shutdown(self) -> None:
         try:
             seam.shutdown_manager(self.manager)

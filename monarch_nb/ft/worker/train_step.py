@@ -192,13 +192,26 @@ class TrainStep:
         return step
 
     def comms_broken(self) -> bool:
-        """True once our cross-replica communicator was declared dead (the ``comms`` fault)."""
+        """True once our cross-replica communicator was declared dead (the ``comms`` fault),
+        until :meth:`repair` replaces it."""
         return self._comms_dead
 
     def abort_comms(self) -> None:
-        """The ``comms`` fault: this group's cross-replica communicator dies for good."""
+        """The ``comms`` fault: this group's cross-replica communicator is dead until replaced."""
         self._comms_dead = True
         self._abort()
+
+    def repair(self) -> float:
+        """Rungs ``communicator`` and ``step``, in this process: a new communicator (the next
+        quorum builds its group; a heal follows only if the peers moved on), and nothing kept
+        from the step that broke (its gradients, a retry). Model, optimizer and step stay.
+        Returns the seconds it took; raises when the replication cannot (plain_restart)."""
+        assert self.replication is not None, "a warm spare has no communicator"
+        t0 = time.time()
+        self._abort()  # whatever is left of the old one: peers blocked on us fail at once
+        self.replication.reset()
+        self._comms_dead, self._retry = False, None
+        return time.time() - t0
 
     def _abort(self) -> None:
         try:

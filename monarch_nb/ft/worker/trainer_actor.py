@@ -7,8 +7,10 @@ Training runs in a thread of the actor so endpoints stay responsive: ``poll`` ha
 controller the events produced since the last call plus the current state, ``inject``
 arms a fault, ``hash_at`` asks for parameter/optimizer digests after a given committed
 step, ``stop`` ends the loop. A failure the process survives (an exception in the step,
-aborted comms) is reported through ``poll`` as state ``failed`` - Monarch cannot see it -
-and the group also stops heartbeating so that torchft drops it from the next quorum.
+aborted comms) stalls the loop: the rank drops its cross-replica connections and leaves the
+quorum (peers fail fast and train on without it), reports state ``stalled`` with the cause
+through ``poll`` (Monarch cannot see it), and waits for the controller's ladder
+(``control/ladder.py``) to ``repair`` it in place or replace the process.
 """
 
 from __future__ import annotations
@@ -49,6 +51,9 @@ class TrainerActor(Actor):
         self._seq = 0
         self._state = "initializing"
         self._failure: str | None = None
+        self._cause: str | None = None  # why a stalled rank stalled: "comms" or "exception"
+        self._repaired = threading.Event()
+        self._stuck_s = 0.0  # a stuck comms fault: a repair here hangs this long (faults.Fault.stuck)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._armed: list[dict[str, Any]] = []
@@ -94,6 +99,8 @@ class TrainerActor(Actor):
                                            "during": f.get("during")})
             self._emit({"kind": "fault_fired", "fault": kind.value, "replica": self.replica, "rank": self.rank,
                         "step": step, "during": f.get("during"), "t": time.time()})
+            if kind is FaultKind.COMMS and f.get("stuck"):
+                self._stuck_s = float(f.get("hang_s", 30.0))
             fire(kind, abort_comms=self.trainer.abort_comms, hang_s=f.get("hang_s", 30.0),
                  corrupt_heal=getattr(getattr(self.trainer, "transport", None), "corrupt_next_send", None))
 
@@ -116,6 +123,29 @@ class TrainerActor(Actor):
 
         threading.Thread(target=_last_resort, name="monarch_nb-self-exit", daemon=True).start()
 
+    def _stall(self, cause: str, reason: str) -> bool:
+        """Stop training, alive: leave the quorum (peers fail fast and train on), report
+        ``stalled`` and wait for :meth:`repair`. True once repaired; False on stop (or, with
+        no controller left, the process ends itself)."""
+        with self._lock:
+            self._state, self._failure, self._cause = "stalled", reason, cause
+            self._repaired.clear()
+        try:
+            self.trainer.abort_comms()
+        except Exception:
+            pass
+        if self.trainer.replication is not None:
+            self.trainer.replication.shutdown()  # no heartbeat: the next quorum does not wait for us
+        self._emit({"kind": "stalled", "replica": self.replica, "rank": self.rank, "cause": cause,
+                    "reason": reason, "step": self.trainer.current_step(), "t": time.time()})
+        deadline = time.monotonic() + _SELF_EXIT_AFTER_FAILURE_S
+        while not self._repaired.wait(0.1):
+            if self._stop.is_set():
+                return False
+            if time.monotonic() > deadline:
+                os._exit(70)
+        return True
+
     def _loop(self) -> None:
         self._state = "training"
         try:
@@ -127,14 +157,25 @@ class TrainerActor(Actor):
                 if self._max_steps is not None and self.trainer.current_step() >= self._max_steps:
                     self._state = "finished"
                     break
-                rec = self.trainer.train_step(self._fault_point)
+                try:
+                    rec = self.trainer.train_step(self._fault_point)
+                except Exception as e:  # the step raised: the ladder may retry it in this process
+                    if self._stop.is_set():
+                        return
+                    self._emit({"kind": "trainer_error", "replica": self.replica, "rank": self.rank,
+                                "error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc(limit=6),
+                                "t": time.time()})
+                    if not self._stall("exception", f"exception: {type(e).__name__}: {e}"):
+                        return
+                    continue
                 self._state = "waiting_for_peer" if rec.get("kind") == "waiting_for_peer" else "training"
                 if self.trainer.comms_broken():  # our own communicator was declared dead (the comms fault)
-                    self._fail("comms: cross-replica process group aborted")
-                    return
+                    if not self._stall("comms", "comms: cross-replica process group aborted"):
+                        return
+                    continue
                 if rec["committed"]:
                     self._report_hashes(rec["step"])
-        except BaseException as e:  # noqa: BLE001 - anything here ends the group's training
+        except BaseException as e:  # noqa: BLE001 - anything else ends the group's training
             if self._stop.is_set():
                 return
             tb = traceback.format_exc(limit=6)
@@ -226,18 +267,38 @@ class TrainerActor(Actor):
                     self._events.popleft()
                 events = list(self._events)
             state, failure = self._state, self._failure
-        return {"replica": self.replica, "rank": self.rank, "state": state, "failure": failure,
+            cause = self._cause
+        return {"replica": self.replica, "rank": self.rank, "state": state, "failure": failure, "cause": cause,
                 "step": self.trainer.current_step(), "events": [e for _, e in events],
                 "first_seq": events[0][0] if events else None, "pid": os.getpid()}
 
     @endpoint
-    def inject(self, kind: str, at_step: int | None = None, hang_s: float = 30.0, during: str | None = None) -> int:
+    def repair(self) -> float:
+        """The ladder's in-process rungs (``communicator``, ``step``): a stalled rank gets a new
+        cross-replica communicator, drops the step that broke, and trains on with its model,
+        optimizer and step (healing at the next quorum if its peers moved on). Returns seconds."""
+        if self._state != "stalled":
+            raise RuntimeError(f"repair: replica {self.replica} rank {self.rank} is {self._state}, not stalled")
+        t0 = time.time()
+        if self._stuck_s:  # the stuck comms fault: this process cannot rebuild its communicator
+            time.sleep(self._stuck_s)
+        self.trainer.repair()
+        with self._lock:
+            cause, self._state, self._failure, self._cause = self._cause, "training", None, None
+        self._emit({"kind": "repaired", "replica": self.replica, "rank": self.rank, "cause": cause,
+                    "seconds": time.time() - t0, "step": self.trainer.current_step(), "t": time.time()})
+        self._repaired.set()
+        return time.time() - t0
+
+    @endpoint
+    def inject(self, kind: str, at_step: int | None = None, hang_s: float = 30.0, during: str | None = None,
+               stuck: bool = False) -> int:
         """Arm a fault; it fires inside the first step >= ``at_step`` (next step if None), or
         when the trainer next enters phase ``during``. Returns the step it is armed for."""
         refuse_corrupt_unless_striped(kind, str(self.trainer.cfg.get("heal_transport") or "striped"))
         step = at_step if at_step is not None else self.trainer.current_step() + 1
         with self._lock:
-            self._armed.append({"kind": kind, "at_step": at_step, "hang_s": hang_s, "during": during})
+            self._armed.append({"kind": kind, "at_step": at_step, "hang_s": hang_s, "during": during, "stuck": stuck})
         return step
 
     @endpoint
