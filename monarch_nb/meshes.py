@@ -119,8 +119,8 @@ class MeshHandle:
         return True
 
     def mark_repaired(self, rank: int) -> bool:
-        """A failed rank whose process lived and was repaired in place (the recovery ladder's
-        communicator or step rung) is alive again; False if it was not failed or is gone."""
+        """A failed rank whose process lives, being repaired in place (the recovery ladder's
+        communicator or step rung), is alive again; False if it was not failed or is gone."""
         if not 0 <= rank < len(self.procs):
             return False
         proc = self.procs[rank]

@@ -127,6 +127,12 @@ class GroupTable:
         group.wake.set()
         return True
 
+    def clear_failure(self, group: ReplicaGroup) -> None:
+        """Forget a failure signalled so far (a group repaired in its own processes: the reports
+        of the stall, its own notice's echo among them, are handled)."""
+        with self.lock:
+            group.failure = None
+
     def take_failure(self, group: ReplicaGroup) -> Failure | None:
         with self.lock:
             return group.failure

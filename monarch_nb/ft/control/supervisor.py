@@ -125,16 +125,17 @@ class Supervisor:
 
     def repair(self, g: ReplicaGroup, timeout: float) -> float:
         """The ladder's in-place rungs: every rank of ``g`` gets a new communicator and drops the
-        step that broke; raises unless all did within ``timeout``. The ranks are alive again in
-        the session's view. Returns the slowest rank's seconds."""
+        step that broke; raises unless all did within ``timeout``. Its stalled ranks, reported
+        failed, are alive in the session's view first (calls skip ranks known failed; a repair
+        that fails escalates to replacing the processes). Returns the slowest rank's seconds."""
+        handle = self.session.mesh(g.name)
+        for rank in range(len(g.procs)):
+            handle.mark_repaired(rank)
         result = self.call(g, "repair", timeout=timeout)
         if result.errors or result.missing:
             what = (f"rank {min(result.errors)}: {result.errors[min(result.errors)]}" if result.errors
                     else f"ranks {result.missing} did not answer")
             raise RuntimeError(f"repair of {g.name}: {what}")
-        handle = self.session.mesh(g.name)
-        for rank in result.values:
-            handle.mark_repaired(rank)
         return max(result.values.values(), default=0.0)
 
     def allocation_gone(self, g: ReplicaGroup) -> bool:

@@ -59,7 +59,7 @@ class Phase:
     """One phase of a recovery.
 
     detect: the fault fired -> the controller knew; repair: -> the group's live processes have a
-    new communicator (in place); teardown: -> the failed processes are gone;
+    new communicator (in place), or the attempt escalated; teardown: -> the failed processes are gone;
     acquire: -> processes to replace them are up (spawned, a spare taken, or an allocation);
     build: -> the trainer is constructed and training started; heal: -> the state arrived from
     a peer; rejoin: -> the group committed its first step. ``duration_s`` runs from the previous
@@ -323,6 +323,8 @@ class RecoveryTracker:
             rec.rungs = [*(rec.rungs or []), e.rung]
         elif isinstance(e, RungEscalated):
             rec.escalations = [*(rec.escalations or []), f"{e.rung} -> {e.to or 'nothing'}: {e.reason}"]
+            if e.rung in IN_PLACE_RUNGS and rec.repaired_t is None:  # the repair phase ends with its failure
+                rec.repaired_t = e.t
         elif isinstance(e, Repaired):
             rec.repaired_t, rec.repair_s = e.t, e.seconds
         elif isinstance(e, TornDown):
