@@ -92,6 +92,7 @@ class FaultRecovery:
     total_s: float | None
     phases: dict[str, float | None]
     acquired_how: str | None
+    rung: str | None = None  # the recovery ladder's rung that brought it back (None: a result from before it)
 
 
 @dataclass(frozen=True)
@@ -354,7 +355,7 @@ def measure(faults: RunHistory, reference: RunHistory, plan: SwingPlan) -> Swing
         first = next((e for e in injected if e.replica == r.replica and e.t == r.injected_t), None)
         recoveries.append(FaultRecovery(replica=r.replica, wave=wave_of.get(id(first), -1), fault=r.fault or "",
                                         status=r.status, total_s=r.total_s, phases=r.durations(),
-                                        acquired_how=r.acquired_how))
+                                        acquired_how=r.acquired_how, rung=r.rung))
     recovered = sum(r.injections for r in planned if r.status == "recovered")
 
     restarts = [SurvivorRestart(replica=r.replica, t_s=(r.start_t or start) - start,

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from IPython.core.error import UsageError
 
 from ..errors import Interrupted
-from ..ft.spec.config import MODELS, ON_FAILURE
+from ..ft.spec.config import LOWEST_RUNGS, MODELS, ON_FAILURE
 from ..ft.spec.faults import CLUSTER_KINDS, FaultKind
 from .args import non_negative_int, positive_float, positive_int, positive_number
 from .progress import Line, Progress
@@ -69,6 +69,9 @@ def add_training_commands(sub: Any) -> None:
     train.add_argument("--on-failure", default=None, choices=list(ON_FAILURE),
                        help="peer (default): heal from a live peer; restart: every group restarts from disk; "
                             "plain_restart: the same without torchft (one process group, as torchrun runs it)")
+    train.add_argument("--lowest-rung", default=None, choices=list(LOWEST_RUNGS),
+                       help="communicator (default): a live process whose communicator broke or whose step "
+                            "raised is repaired in place; process: every fault replaces the process")
     train.add_argument("--resume", default=None, metavar="RUN_DIR",
                        help="continue a run from its newest durable checkpoint (same run id and event log)")
     train.add_argument("--resume-from", default=None, metavar="PATH",
@@ -84,6 +87,8 @@ def add_training_commands(sub: Any) -> None:
     when.add_argument("--at-step", type=int, default=None)
     when.add_argument("--after", type=positive_float, default=None, metavar="SECONDS")
     inject.add_argument("--hang-seconds", type=positive_float, default=30.0, help="for 'hang': how long the GIL is held")
+    inject.add_argument("--stuck", action="store_true",
+                        help="for 'comms': the process cannot rebuild its communicator (the ladder escalates)")
 
     schedule = sub.add_parser("schedule", help="inject random faults periodically (run.schedule)")
     schedule.add_argument("--every", type=positive_float, required=True, metavar="SECONDS")
@@ -167,7 +172,8 @@ class TrainingCommands:
                   "run_name": args.name,
                   "partition": args.partition, "time_limit": args.time_limit, "spares": args.spares,
                   "checkpoint_every": args.checkpoint_every, "checkpoint_dir": args.checkpoint_dir,
-                  "on_failure": args.on_failure, "resume_from": args.resume_from}
+                  "on_failure": args.on_failure, "resume_from": args.resume_from,
+                  "lowest_rung": args.lowest_rung}
         overrides = {k: v for k, v in fields.items() if v is not None}
         if args.resume:
             if args.config:
@@ -232,7 +238,7 @@ class TrainingCommands:
         run = self.current()
         try:
             run.inject(args.kind, replica=args.replica, rank=args.rank, at_step=args.at_step,
-                       after_s=args.after, hang_s=args.hang_seconds)
+                       after_s=args.after, hang_s=args.hang_seconds, stuck=args.stuck)
         except (ValueError, RuntimeError) as exc:  # RuntimeError: the target is not training now
             raise UsageError(str(exc)) from None
         when = f" at step {args.at_step}" if args.at_step is not None else (
