@@ -3,7 +3,9 @@ Lighthouse, real torchtitan steps on the tiny Llama 3. One shared run (R=3) rece
 (rung ``process``: the group is replaced and heals from a peer), an ``exception`` (rung ``step``)
 and a ``comms`` fault (rung ``communicator``: both repaired in their own processes), and a
 ``comms`` fault whose process cannot rebuild its communicator (``stuck``: escalated to
-``process`` within ``repair_timeout_s``); each test states one property per fault."""
+``process`` within ``repair_timeout_s``); each test states one property per fault. Then the
+striped, verified heal: a byte one donor flips in transit (the ``corrupt`` fault) is caught by
+the digest check and refetched from the other donor."""
 
 from __future__ import annotations
 
@@ -14,6 +16,8 @@ import pytest
 from monarch_nb.ft import FTRun, RunConfig, open_run
 from monarch_nb.telemetry.events import (
     FailureDetected,
+    FaultInjected,
+    HealCorrupt,
     Healed,
     Rejoined,
     Repaired,
@@ -80,10 +84,37 @@ def ft(tmp_path_factory):
                 out.pids_after = list(run.groups[victim].pids)
             except TimeoutError as e:
                 out.error = f"{kind}: {e}"
+        # replica 0 flips a byte of the next heal it serves; replica 2 is killed and heals from 0 and 1
+        t = time.time()
+        run.inject("corrupt", replica=0)
+        armed = run.wait_for(lambda e: isinstance(e, FaultInjected) and e.fault == "corrupt", timeout=30, since=t)
+        run.wait_for_step(armed.step + 1, replicas=[0], timeout=120)  # it fired: the next heal it serves is bad
+        run.inject("kill", replica=2)
+        healed = run.wait_for(lambda e: isinstance(e, Healed) and e.replica == 2 and e.cause == "recovery",
+                              timeout=180, since=t)
+        rejoined = run.wait_for(lambda e: isinstance(e, Rejoined) and e.replica == 2, timeout=120, since=t)
+        same = run.wait_for(lambda e: isinstance(e, ReplicasIdentical) and e.t >= rejoined.t, timeout=120)
+        outcomes["corrupt"] = (healed, same, [e for e in run.events.events(HealCorrupt) if e.t >= t])
     finally:
         run.notices_before_stop = len(run.notices)
         run.stop()
     return run, baseline, outcomes
+
+
+def test_a_heal_fetches_from_every_surviving_group(ft):
+    run = ft[0]
+    out = _outcome(ft, "kill")  # replica 1, while 0 and 2 train
+    (healed,) = _between(run, Healed, out.since, out.rejoined.t, replica=out.victim)
+    assert healed.donors == [0, 2], healed
+    assert healed.bytes > 0 and healed.gbps and healed.gbps > 0 and healed.corrupt == 0
+
+
+def test_a_byte_flipped_in_transit_is_refetched_from_the_other_donor(ft):
+    healed, same, bad = ft[2]["corrupt"]
+    assert len(bad) >= 1 and healed.corrupt == len(bad)
+    assert {(e.replica, e.donor, e.refetched_from) for e in bad} == {(2, 0, 1)}
+    assert all(e.tensor.startswith("user/") for e in bad)
+    assert same.identical  # no heal is accepted with a mismatch: the healed group equals its peers
 
 
 def _outcome(ft, kind) -> Outcome:
@@ -193,7 +224,8 @@ def test_healed_replica_is_bit_identical(ft, kind):
 def test_survivors_never_restart(ft):
     run, _, outcomes = ft
     respawned = sorted(e.replica for e in run.events.events(Respawned))
-    assert respawned == sorted(o.victim for o in outcomes.values() if o.kind in REPLACED)
+    faults = [o for o in outcomes.values() if isinstance(o, Outcome)]
+    assert respawned == sorted([o.victim for o in faults if o.kind in REPLACED] + [2])  # + the corrupt cell's kill
 
 
 def test_loss_goes_down(ft):
@@ -218,7 +250,8 @@ def test_event_log_is_complete_and_reopenable(ft):
                      "rejoined", "replicas_identical", "replica_state", "run_stopped", "rung_started",
                      "rung_escalated", "repaired"}
     recs = reopened.recoveries()
-    assert sorted(r.fault for r in recs) == sorted(o.kind if o.kind != "stuck" else "comms" for o in outcomes.values())
+    faults = [o for o in outcomes.values() if isinstance(o, Outcome)]
+    assert sorted(r.fault for r in recs) == sorted([o.kind if o.kind != "stuck" else "comms" for o in faults] + ["kill"])
     assert all(r.rejoined_step and r.identical for r in recs)
     assert all(r.heal_bytes for r in recs if r.rung == "process")
 
