@@ -251,10 +251,10 @@ def test_stop_is_bounded_in_every_state(tmp_path, state):
 def test_a_group_out_when_the_others_finish_ends_instead_of_waiting_for_a_peer(tmp_path):
     # The others reach the last step while the victim respawns (~5 s here): nobody is left to
     # heal from. Found by bench_waves, where such a group waited for a quorum for ever.
-    run = FTRun(RunConfig(replicas=2, steps=30, runs_root=str(tmp_path)))
+    run = FTRun(RunConfig(replicas=2, steps=14, runs_root=str(tmp_path)))
     try:
         run.start()
-        run.wait_for_step(25, replicas=[0], timeout=240)
+        run.wait_for_step(10, replicas=[0], timeout=240)
         since = time.time()
         run.inject("kill", replica=1)
         ended = run.wait_for(lambda e: e.kind == "replica_state" and e.replica == 1 and e.state == "finished",
@@ -264,8 +264,8 @@ def test_a_group_out_when_the_others_finish_ends_instead_of_waiting_for_a_peer(t
         pids = [p for g in run.groups for p, _ in g.procs]
     finally:
         run.stop()
-    assert "reached step 30 while this group was out" in ended.detail
-    assert max(e.step for e in run.history().steps(0)) == 30
+    assert "reached step 14 while this group was out" in ended.detail
+    assert max(e.step for e in run.history().steps(0)) == 14
     assert states == ["finished", "finished"]
     assert_gone(pids)
     assert_nothing_lost(run)

@@ -7,6 +7,7 @@ a way out, and an allocation whose controller dies before its mesh is up is rele
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -32,12 +33,16 @@ from helpers.proc_checks import assert_gone, wait_for
 
 
 @pytest.fixture(scope="module")
-def overlapping(tmp_path_factory):
-    """One 3-group run; in each cell replica 1 is killed and, while it is brought back, replica 2
-    is hit at the moment the victim's quorum builds its process group (the issue's "preempt
-    during a heal": the donor, replica 0, then waited on a peer that was gone and was killed)."""
+def second_faults(tmp_path_factory):
+    """One 3-group run for the module's cells: first the overlapping ones (in each, replica 1 is
+    killed and, while it is brought back, replica 2 is hit at the moment the victim's quorum
+    builds its process group: the issue's "preempt during a heal", where the donor, replica 0,
+    waited on a peer that was gone and was killed); then the matrix's trials, one per phase."""
+    from lab.chaos import Cell, run_trial
+
     run = FTRun(RunConfig(replicas=3, runs_root=str(tmp_path_factory.mktemp("second"))))
     cells: dict = {}
+    records: dict = {}
     try:
         run.start()
         run.wait_for_step(3, timeout=240)
@@ -52,9 +57,24 @@ def overlapping(tmp_path_factory):
             identical = run.check_identical(timeout=120)
             cells[kind] = dict(since=since, back=back, identical=identical, donor_pids=donor_pids,
                                donor_pids_after=list(run.groups[0].pids))
+        cells["end"] = time.time()  # the matrix's trials come after: the overlapping cells' window ends here
+        for n, cell in enumerate(MATRIX):
+            records[cell] = run_trial(run, Cell(*cell), trial=n)
     finally:
         run.stop()
+    return run, cells, records
+
+
+@pytest.fixture(scope="module")
+def overlapping(second_faults):
+    run, cells, _ = second_faults
     return run, cells
+
+
+@pytest.fixture(scope="module")
+def matrix(second_faults):
+    run, _, records = second_faults
+    return run, records
 
 
 @pytest.mark.slow
@@ -63,7 +83,8 @@ def test_a_peer_lost_while_the_victims_process_group_is_built_fails_no_healthy_g
     run, cells = overlapping
     cell = cells[kind]
     since, until = cell["since"], max(b.t for b in cell["back"])
-    fired = [line for line in open(run.fault_log) if '"during": "pg_setup"' in line]
+    fired = [line for line in open(run.fault_log) if '"during": "pg_setup"' in line
+             and json.loads(line)["t"] <= cells["end"]]
     assert len(fired) == 2, "each cell's second fault fired inside a process-group setup"
     failed = [e for e in run.events.events(FailureDetected) if since <= e.t <= until]
     assert sorted({e.replica for e in failed}) == [1, 2], [(e.replica, e.reason) for e in failed]
@@ -78,11 +99,11 @@ def test_a_peer_lost_while_the_victims_process_group_is_built_fails_no_healthy_g
 @pytest.mark.slow
 def test_a_survivor_whose_quorum_broke_retries_instead_of_failing(overlapping):
     run, cells = overlapping
-    retries = run.events.events(CommsRetry)
+    retries = [e for e in run.events.events(CommsRetry) if e.t <= cells["end"]]
     # Whoever was building the quorum's group with the lost peer retried (with a rebuilt
     # Manager) rather than failing; no retry was ever turned into a failure of replica 0.
     assert retries, "a group whose process-group setup lost a peer records a comms_retry"
-    assert not [e for e in run.events.events(FailureDetected) if e.replica == 0]
+    assert not [e for e in run.events.events(FailureDetected) if e.replica == 0 and e.t <= cells["end"]]
     assert_gone(run.spawned_pids + [run.lighthouse_pid], timeout=20)
 
 
@@ -158,22 +179,6 @@ def test_an_allocation_requested_by_a_controller_that_dies_before_its_mesh_is_up
 
 MATRIX = [("detect", "survivor", "kill"), ("teardown", "donor", "comms"), ("acquire", "donor", "kill"),
           ("build", "survivor", "comms"), ("quorum", "victim", "kill"), ("rejoin", "victim", "comms")]
-
-
-@pytest.fixture(scope="module")
-def matrix(tmp_path_factory):
-    from lab.chaos import Cell, run_trial
-
-    run = FTRun(RunConfig(replicas=3, runs_root=str(tmp_path_factory.mktemp("chaos"))))
-    records = {}
-    try:
-        run.start()
-        run.wait_for_step(3, timeout=240)
-        for n, cell in enumerate(MATRIX):
-            records[cell] = run_trial(run, Cell(*cell), trial=n)
-    finally:
-        run.stop()
-    return run, records
 
 
 @pytest.mark.slow
