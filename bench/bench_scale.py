@@ -10,7 +10,8 @@ process per group, one warm spare) with a dashboard attached in this process:
   dashboard's threads) and the Lighthouse's, as a fraction of one core, events/s, the
   dashboard's CPU, and the CPU-seconds one step costs one group;
 * faults, one at a time, each waited out: ``kill`` while a spare is ready, ``comms`` at once
-  after (the spare is still being rebuilt: fresh processes), then (not with --quick) after the
+  after (the recovery ladder repairs it in place, rung ``communicator``; each record names the
+  rung that fixed its fault), then (not with --quick) after the
   spare is ready again ``comms`` with it and ``kill`` without. Whether a spare served is read
   from the recovery's ``acquired`` event, not assumed. Per recovery: detection, the survivors'
   longest stall (seconds and median steps), the victim back (fault -> first committed step),
@@ -86,6 +87,7 @@ class Record:
     box_busy: float | None  # fraction of the box's CPUs busy during the recovery
     acquired_how: str | None
     heal_MB: float | None
+    rung: str | None = None  # the recovery ladder's rung that fixed it (communicator, process, ...)
 
 
 # ---- /proc readings -----------------------------------------------------------------------
@@ -253,8 +255,8 @@ def measure(replicas: int, mode: str, job: str, quick: bool, window_s: float,
                 dashboard_cpu=window["dashboard_cpu"],
                 rss_mb_per_group=statistics.mean(m[0] for m in mem), pss_mb_per_group=statistics.mean(m[1] for m in mem),
                 start_s=start_s, step_s=window["step_s"], acquired_how=rec.acquired_how,
-                heal_MB=rec.heal_bytes / 1e6 if rec.heal_bytes else None, **cost))
-            print(f"R={replicas:<3} {mode:<7} {kind:<5} spare={records[-1].spare!s:<5} detect={rec.detection_s}"
+                heal_MB=rec.heal_bytes / 1e6 if rec.heal_bytes else None, rung=rec.rung, **cost))
+            print(f"R={replicas:<3} {mode:<7} {kind:<5} rung={rec.rung} spare={records[-1].spare!s:<5} detect={rec.detection_s}"
                   f" stall={stall_s} back={rec.total_s} heal={rec.heal_s} cpu/group={cost['cpu_s_per_group']:.2f}",
                   flush=True)
         # one check across every group after the last recovery (the rejoins' own checks may have

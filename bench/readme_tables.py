@@ -9,6 +9,8 @@ there is what the JSON says. Blocks:
                   (bench/seed_clusters.py writes it from bench/bench_scale_model.py's failures)
   scale           2 to 32 groups in one invocation, from bench/results/scale.json
                   (bench/bench_scale.py --groups 2,4,8,16,32)
+  ladder          the recovery ladder at 2, 8 and 16 groups, from bench/results/scale_ladder.json
+                  (bench/bench_scale.py --groups 2,8,16 --quick): each failure's rung
   soak_kernel     a 30-minute soak through a real kernel, from bench/results/soak_kernel.json
                   (bench/soak.py --minutes 30 --kernel ...) and bench/results/monarch_leaks.json
                   (bench/monarch_leaks.py)
@@ -159,15 +161,44 @@ def scale_block(result: dict[str, Any]) -> str:
                     f"| {_f(r.get('join_timeout_ms') and r['join_timeout_ms'] / 1000, '.1f')} |")
     head += ["", "Each failure (peer: the victim's recovery; restart: every group's; stall = the survivors' "
              "longest gap between commits, in seconds and in median steps):", "",
-             "| R | mode | fault | spare | detect s | stall s | stall steps | back s | heal s | CPU-s/group "
-             "| victim CPU-s (a spare's: with its build) | box busy |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| R | mode | fault | rung | spare | detect s | stall s | stall steps | back s | heal s | CPU-s/group "
+             "| victim CPU-s (a spare's: with its build) | box busy |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in sorted(result["records"], key=lambda r: (r["mode"] != "peer", r["groups"])):
-        head.append(f"| {r['groups']} | {r['mode']} | {r['kind']} | {'yes' if r['spare'] else 'no'} "
+        head.append(f"| {r['groups']} | {r['mode']} | {r['kind']} | {r.get('rung') or '-'} | {'yes' if r['spare'] else 'no'} "
                     f"| {_f(r['detect_s'], '.2f')} | {_f(r['stall_s'], '.2f')} | {_f(r['stall_steps'], '.1f')} "
                     f"| {_f(r['back_s'], '.1f')} | {_f(r['heal_s'], '.2f')} | {_f(r['cpu_s_per_group'], '.1f')} "
                     f"| {_f(r['victim_cpu_s'], '.1f')} | {_f(r['box_busy'], '.0%')} |")
-    head += ["", *_scale_targets(result)]
+    head += ["", *_scale_targets(result), *_ladder_targets(result)]
     return "\n".join(head)
+
+
+def _ladder_targets(result: dict[str, Any]) -> list[str]:
+    """Issue 38's targets for the recovery ladder, once the records name their rung."""
+    peer = [r for r in result["records"] if r["mode"] == "peer" and r.get("rung")]
+    comms = [r for r in peer if r["kind"] == "comms"]
+    if not comms:
+        return []
+    sizes = sorted({r["groups"] for r in comms})
+    back = {g: statistics.median(r["back_s"] for r in comms if r["groups"] == g and r["back_s"] is not None)
+            for g in sizes}
+    stall = [r["stall_steps"] for r in comms if r["groups"] == sizes[-1] and r["stall_steps"] is not None]
+    kills = [r for r in peer if r["kind"] == "kill"]
+
+    def line(what: str, value: str, ok: bool) -> str:
+        return f"* {what}: {value} - {'met' if ok else '**not met**'}"
+
+    return ["", "The recovery ladder (a `comms` fault leaves its process alive):",
+            line("every `comms` fault fixed on `communicator`", ", ".join(sorted({r['rung'] for r in comms})),
+                 all(r["rung"] == "communicator" for r in comms)),
+            line("`comms` victim back (fault -> first committed step) median <= 2 s at every R",
+                 ", ".join(f"R={g}: {back[g]:.2f} s" for g in sizes), max(back.values()) <= 2.0),
+            line(f"the R = {sizes[-1]} figure within 2x of the R = {sizes[0]} one",
+                 f"{back[sizes[-1]] / back[sizes[0]]:.1f}x", back[sizes[-1]] <= 2 * back[sizes[0]]),
+            line(f"survivors' stall at R = {sizes[-1]} <= 2.5 median steps",
+                 f"median {statistics.median(stall):.1f} steps" if stall else "-",
+                 bool(stall) and statistics.median(stall) <= 2.5),
+            line("`kill` still goes through `process`", ", ".join(sorted({r['rung'] for r in kills})) or "-",
+                 bool(kills) and all(r["rung"] == "process" for r in kills))]
 
 
 def _scale_targets(result: dict[str, Any]) -> list[str]:
@@ -401,6 +432,9 @@ def blocks() -> dict[str, str]:
     scale = REPO / "bench/results/scale.json"
     if scale.exists():
         out["scale"] = scale_block(json.loads(scale.read_text()))
+    ladder = REPO / "bench/results/scale_ladder.json"
+    if ladder.exists():
+        out["ladder"] = scale_block(json.loads(ladder.read_text()))
     soak = REPO / "bench/results/soak_kernel.json"
     if soak.exists():
         churn = REPO / "bench/results/monarch_leaks.json"
