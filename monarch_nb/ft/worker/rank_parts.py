@@ -49,6 +49,7 @@ class RankParts:
                  store_port: int | None, data_dir: str) -> None:
         self.cfg, self.rank, self.group_size = cfg, rank, group_size
         seam.stub_triton_kernels()
+        seam.import_torchtitan()
         import torch
 
         torch.set_num_threads(int(cfg.get("threads_per_proc", 1)))
