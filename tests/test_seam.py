@@ -238,6 +238,27 @@ def test_triton_stub_stands_for_the_module_torchtitan_imports():
     assert all(t.grad is not None and torch.isfinite(t.grad).all() for t in (q, k, v))
 
 
+def test_torchtitan_imports_without_compiling_what_llama3_never_calls():
+    import subprocess
+
+    code = ("import sys, torch; from monarch_nb import seam; real = torch.compile; seam.stub_triton_kernels(); "
+            "seam.import_torchtitan(); from torchtitan.models.common.attention import FlexAttention; "
+            "print(torch.compile is real, 'torch._inductor.compile_fx' in sys.modules, "
+            "type(FlexAttention._compiled_flex_attn).__name__)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.stdout.split() == ["True", "False", "_CompiledOnFirstCall"], out.stdout + out.stderr[-2000:]
+    # what torch.compile returned while deferred compiles at its first call, once
+    compiled: list[tuple] = []
+
+    def compile_(fn, **options):
+        compiled.append((fn, options))
+        return lambda x: fn(x) * 10
+
+    wrapped = seam._CompiledOnFirstCall(compile_, lambda x: x + 1, {"mode": "max-autotune"})
+    assert compiled == [] and wrapped(1) == 20 and wrapped(2) == 30 and len(compiled) == 1
+    assert compiled[0][1] == {"mode": "max-autotune"}
+
+
 def test_blocking_get_notices_come_from_the_named_logger_and_the_kernel_drops_them():
     import logging
 
