@@ -20,10 +20,10 @@ CI_PARAMS: dict[str, list[str]] = {
     "03_dashboard.ipynb": ["-p", "replicas=2", "-p", "headless=True"],
     # two groups: each arm still sees a fault and recovers its own way (the race waits for one),
     # the resume still continues the restart arm's run; 3 groups to step 20 took 97 s of the suite
-    "04_checkpointless.ipynb": ["-p", "replicas=2", "-p", "target=12", "-p", "period_s=6.0"],
+    "04_checkpointless.ipynb": ["-p", "replicas=2", "-p", "target=10", "-p", "period_s=4.0"],
     # the seed's experiment at a quarter size: 4 groups, waves of 2 comms faults (the ladder repairs
     # them in place), never fewer than 2 training, the victims back, the reference; 8 groups took 90 s
-    "06_seed_experiment.ipynb": ["-p", "replicas=4", "-p", "at_once=2", "-p", "every_s=4.0", "-p", "steps=16",
+    "06_seed_experiment.ipynb": ["-p", "replicas=4", "-p", "at_once=2", "-p", "every_s=3.0", "-p", "steps=12",
                                  "-p", "headless=True", "-p", "compare=False"],
 }
 
