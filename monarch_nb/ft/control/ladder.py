@@ -80,6 +80,7 @@ class InPlaceRung(Rung):
         except Exception as exc:  # a repair that raised or did not answer within the bound
             return f"the repair did not complete within {bound:g} s: {type(exc).__name__}: {str(exc)[:200]}"
         means.groups.clear_failure(g)  # the stall's reports (its notice's echo) are handled: news from here on
+        means.groups.touch(g, time.monotonic())  # it answered: its silence counts from here, not from the stall
         means.set_state(g, HEALING, "repaired in place; rejoins at its next committed step")
         while time.monotonic() < deadline:
             if means.stopping.is_set() or means.closed():
