@@ -149,3 +149,16 @@ def test_the_product_never_imports_the_lab():
     users = [f"{m} -> {t}" for m, p in modules().items() for t in imports_of(m, p) if t.startswith("lab")]
     plain = [str(p) for p in PKG.rglob("*.py") if re.search(r"^\s*(from|import)\s+lab\b", p.read_text(), re.M)]
     assert not users and not plain, users + plain
+
+
+def test_no_product_file_is_over_600_lines_and_no_class_over_350():
+    """A reader can hold a module in their head: the house's limits (issue 37)."""
+    files, classes = [], []
+    for name, path in modules().items():
+        text = path.read_text()
+        if len(text.splitlines()) > 600:
+            files.append(f"{name}: {len(text.splitlines())} lines")
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.ClassDef) and node.end_lineno - node.lineno + 1 > 350:
+                classes.append(f"{name}.{node.name}: {node.end_lineno - node.lineno + 1} lines")
+    assert not files and not classes, files + classes

@@ -158,6 +158,32 @@ class Launcher:
     def call(self, g: ReplicaGroup, endpoint: str, *args: Any, timeout: float = 10.0) -> Any:
         return getattr(self.session.deadline(g.actors, timeout), endpoint).call(*args)
 
+    def repair(self, g: ReplicaGroup, timeout: float) -> float:
+        """The ladder's in-place rungs: every rank of ``g`` gets a new communicator and drops the
+        step that broke; raises unless all did within ``timeout``. Its stalled ranks, reported
+        failed, are alive in the session's view first (calls skip ranks known failed; a repair
+        that fails escalates to replacing the processes). Returns the slowest rank's seconds."""
+        handle = self.session.mesh(g.name)
+        for rank in range(len(g.procs)):
+            handle.mark_repaired(rank)
+        result = self.call(g, "repair", timeout=timeout)
+        if result.errors or result.missing:
+            what = (f"rank {min(result.errors)}: {result.errors[min(result.errors)]}" if result.errors
+                    else f"ranks {result.missing} did not answer")
+            raise RuntimeError(f"repair of {g.name}: {what}")
+        return max(result.values.values(), default=0.0)
+
+    def allocation_gone(self, g: ReplicaGroup) -> bool:
+        """The scheduler no longer runs ``g``'s allocation (preempted, cancelled, node down): the
+        ladder enters at ``hosts``. False for processes on this machine."""
+        try:
+            allocation = self.session.mesh(g.name).allocation
+            status = allocation.status() if allocation is not None else None
+        except Exception as exc:  # the scheduler did not answer: not known to be gone
+            log.debug("allocation of %s: %s", g.name, exc)
+            return False
+        return status is not None and not status.running
+
     def start_training(self, g: ReplicaGroup, min_step: int = 0, resume_from: str | None = None) -> None:
         """Start ``g``'s training loop. ``min_step``: it may not train below the run's progress
         without a heal or a checkpoint; ``resume_from``: a durable checkpoint to load first.

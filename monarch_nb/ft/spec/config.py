@@ -112,12 +112,10 @@ class RunConfig:
     :meth:`replace`. Every field has a default that runs on a laptop CPU.
 
     Topology:
-        replicas: R replica groups, each a torchft replica (default 3). Every group trains
-            the same model on its own data; gradients are averaged across the groups that
-            are in the quorum at each step.
-        group_size: G processes per group (default 1). With G > 1 the group shards the model
-            with FSDP (torchtitan's ``parallelize_llama``); a failure of any of its processes
-            fails the whole group.
+        replicas: R replica groups, each a torchft replica (default 3), averaging gradients
+            across the groups in each step's quorum.
+        group_size: G processes per group (default 1); G > 1 shards the model with FSDP
+            (``parallelize_llama``), and any of its processes failing fails the group.
         min_replicas: fewest groups a step may commit with (default 1, at most ``replicas``);
             torchft's ``min_replica_size``. Fewer live groups: the survivors wait.
 
@@ -126,27 +124,24 @@ class RunConfig:
             Monarch ProcessJob host), "slurm" (each group on its own SLURM allocation; a
             failed group gets a fresh one) or "kubernetes".
         partition: job="slurm" only: the SLURM partition (None: the cluster's default).
-        time_limit: job="slurm" only: wall-clock limit of each allocation, "MM", "HH:MM:SS"
-            or "D-HH:MM:SS" (None: 24 hours; a group whose allocation runs out is recovered on a
-            fresh one, like a preempted one).
+        time_limit: job="slurm" only: each allocation's wall-clock limit, "MM", "HH:MM:SS" or
+            "D-HH:MM:SS" (None: 24 hours; one that runs out is recovered on a fresh one).
         allocation_timeout_s: job="slurm": seconds an allocation may stay pending before
             the start (or a recovery) gives up (default 120).
 
     Warm spares:
-        spares: K standby groups (default 0): processes up, model and optimizer built, but no
-            torchft Manager, so no quorum waits for them. A failed group takes a ready spare
-            instead of waiting for processes and imports. Not with job="process".
+        spares: K standby groups (default 0): processes, model and optimizer built, no torchft
+            Manager (no quorum waits for them); a failed group takes a ready one. Not with
+            job="process".
 
     Model and train step (torchtitan Llama 3):
         model: the flavour (default "debugmodel", 6.2M parameters): "tiny" (~0.4M), "debugmodel", "small"
             (~104M), "medium" (~409M) or torchtitan's "1B", "3B", "8B", "70B", "405B"
             (see ``monarch_nb.ft.spec.flavors``).
-        steps: train steps; each group stops after committing this many (None, default:
-            train until ``stop()``). Also the length of the learning-rate schedule (10,000
-            when None).
+        steps: train steps each group commits, then stops (None, default: until ``stop()``);
+            also the learning-rate schedule's length (10,000 when None).
         seq_len: tokens per sequence (default 64, at least 8).
-        batch_size: sequences per process per step (default 2); a step of the whole run
-            sees replicas x group_size x batch_size x seq_len tokens.
+        batch_size: sequences per process per step (default 2).
         lr: peak AdamW learning rate (default 8e-4); torchtitan's AdamW (weight decay 0.1).
         warmup_steps: steps of linear warm-up to ``lr`` (default 2); then linear decay to
             0.1 x lr over the last 80% of ``steps``.
@@ -154,10 +149,8 @@ class RunConfig:
             data is a fixed function of (step, group, rank), not of the seed.
 
     Platform:
-        platform: "auto" (default: a GPU if torch sees one, else CPU), "cpu", "cuda" or
-            "rocm".
-        backend: collective backend, "gloo" or "nccl" (None, default: nccl on GPUs, gloo on
-            CPU).
+        platform: "auto" (default: a GPU if torch sees one, else CPU), "cpu", "cuda" or "rocm".
+        backend: "gloo" or "nccl" (None, default: nccl on GPUs, gloo on CPU).
         threads_per_proc: torch intra-op threads in each worker process (default 1).
 
     torchft timing and transport:
@@ -169,23 +162,18 @@ class RunConfig:
             host, stretched by processes per core (at most 8x): survivors starved of CPU come to
             the next quorum late, and one left out must heal from a peer.
         quorum_tick_ms: how often the Lighthouse re-evaluates the quorum (default 20).
-        pg_timeout_s: cross-replica collectives (the gradient average, heals over "pg")
-            give up after this many seconds (default 10); the group's own FSDP process group
-            gets 6 x this.
-        quorum_timeout_s: how long a group waits for a quorum (default 10). Then it asks again
-            with a fresh torchft Manager that keeps its step: how groups get through a lost
-            and restarted Lighthouse without restarting.
-        heal_transport: how a recovering group receives a live peer's state: "striped"
-            (default: raw tensor bytes from every up-to-date peer at once, each piece checked
-            against the donor's xxh3 digest and refetched from another peer if it differs;
-            ft/heal_transport.py), "http" (torchft's HTTPTransport: one peer, pickled, unchecked)
-            or "pg" (torchft's PGTransport, over the cross-replica process group).
+        pg_timeout_s: cross-replica collectives give up after this (default 10 s); the group's
+            own FSDP process group gets 6 x this.
+        quorum_timeout_s: how long a group waits for a quorum (default 10), then asks again
+            with a fresh torchft Manager that keeps its step (a lost Lighthouse, restarted).
+        heal_transport: how a recovering group gets a live peer's state: "striped" (default:
+            raw bytes from every up-to-date peer at once, each piece checked against the donor's
+            xxh3 digest, refetched elsewhere if it differs; ft/worker/heal_transport.py), "http"
+            (torchft's HTTPTransport: one peer, unchecked) or "pg" (torchft's PGTransport).
         heal_streams: parallel connections per donor in a "striped" heal (default 4: one
             stream is bound by one core on each side).
-        heal_interface: the network interface heals go over, by name (e.g. "ib0", "mnb1"):
-            each worker serves and advertises that interface's IPv4 address for "striped" and
-            "http" heals. None (default): the address the collectives use (advertise_host).
-            (A hostname on a slow management network: torchft issue #329.)
+        heal_interface: the network interface "striped" and "http" heals go over, by name (e.g.
+            "ib0"); None (default): advertise_host's (a slow management network: torchft #329).
         advertise_host: the address each worker's torchft servers advertise to peers. None
             (default) picks by placement: 127.0.0.1 on this machine, the node's own address
             on a cluster; "auto" resolves the worker's hostname. A local run refuses a
@@ -197,21 +185,18 @@ class RunConfig:
         checkpoint_every: committed steps between durable checkpoints (torch DCP, written
             asynchronously by one group); None (default): none. torchtitan's
             ``[checkpoint] enable`` + ``interval``.
-        checkpoint_dir: where checkpoints go; None (default): ``<run_dir>/checkpoints``. A
-            relative path is taken inside the run directory (as torchtitan takes ``[checkpoint]
-            folder`` inside its dump folder), so every run has its own. The folder belongs to
-            one run (its ``manifest.json`` names it): a run refuses a folder another run owns,
+        checkpoint_dir: where checkpoints go; None (default): ``<run_dir>/checkpoints``; a
+            relative path is inside the run directory (torchtitan's ``[checkpoint] folder``).
+            The folder belongs to one run (its ``manifest.json``): a run refuses another's,
             and never prunes, overwrites or resumes from another run's checkpoints.
-            torchtitan's ``[checkpoint] folder``.
         checkpoint_keep: newest complete checkpoints kept, older ones deleted (default 3).
             torchtitan's ``[checkpoint] keep_latest_k``.
-        on_failure: "peer" (default): a failed group heals from a live peer, the others train on;
-            "restart": the traditional way - on any failure every group stops and all restart
-            from the newest durable checkpoint (the baseline bench_goodput.py compares);
-            "plain_restart": the same with no torchft at all - one process group over every
-            group, built once, as a torchtitan job under torchrun runs (ft/worker/plain_replication.py); no spares,
-            and every group must be up for a step (min_replicas is the whole job). Its older
-            name, ``recovery``, still reads (recorded runs, old job files and dicts).
+        on_failure: "peer" (default): only the failed group is brought back (the recovery
+            ladder), the others train on; "restart": on any failure every group restarts from
+            the newest durable checkpoint (the baseline bench_goodput.py compares);
+            "plain_restart": the same without torchft, one process group over the job as under
+            torchrun (ft/worker/plain_replication.py; no spares, every group in every step). Its
+            older name, ``recovery``, still reads (recorded runs, old job files and dicts).
         lowest_rung: where the recovery ladder (ft/control/ladder.py) may start: "communicator"
             (default: a live process whose communicator broke or whose step raised is repaired
             in place), or "process" (every fault replaces the process, as before the ladder).
