@@ -889,3 +889,20 @@ def test_the_ladder_enters_each_failure_at_the_lowest_rung_that_can_fix_it():
     assert ESCALATES_TO["communicator"] == ESCALATES_TO["step"] == "process"
     with pytest.raises(ValueError, match="lowest_rung: unknown value 'hosts'; allowed values: communicator, process"):
         RunConfig(lowest_rung="hosts").validate()
+
+
+def test_status_names_the_rung_a_recovering_group_is_on():
+    from monarch_nb.ft.control.groups import REPAIRING, TRAINING, GroupTable
+    from monarch_nb.notebook.html import run_status_html
+
+    table = GroupTable(2)
+    g = table.groups[1]
+    table.set_state(g, REPAIRING)
+    table.set_rung(g, "communicator")
+    status = table.status()
+    assert status[1]["state"] == "repairing" and status[1]["rung"] == "communicator"
+    assert status[0]["rung"] is None  # starting, never failed
+    html = run_status_html("r1", status)
+    assert ">rung</th>" in html and "communicator" in html
+    table.set_state(g, TRAINING)
+    assert table.status()[1]["rung"] is None  # back: nothing to say about a rung while it trains
