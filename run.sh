@@ -36,8 +36,7 @@ setup_python() {
   want="$(cat requirements.txt constraints.txt pyproject.toml | sha256sum | cut -d' ' -f1)"
   if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
     log "installing pinned dependencies (first time: a few minutes)"
-    # --no-compile: a module is byte-compiled when first imported instead of all of torch now
-    "$PY" -m pip install -q --no-compile -r requirements.txt -c constraints.txt
+    "$PY" -m pip install -q -r requirements.txt -c constraints.txt
     "$PY" -m pip install -q --no-deps -e .
     echo "$want" > "$stamp"
   fi
