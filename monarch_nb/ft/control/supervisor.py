@@ -3,10 +3,11 @@
 One thread per group (``ft-supervise-replicaN``) polls its trainers every poll interval; the
 :class:`~.detector.Detector` says whether the group failed and how. Recovery happens in that
 group's thread only - survivors never restart - by the run's failure response
-(:mod:`.responses`, one class per ``RunConfig.on_failure``), which uses the supervisor's means
-(:class:`~.responses.ResponseMeans`): the :class:`~.launcher.Launcher` tears the group down and
-brings it up again (a warm spare or fresh processes), torchft heals it from a live peer at the
-next quorum, and its first committed step is its rejoin. When no live peer is left,
+(:mod:`.responses`, one class per ``RunConfig.on_failure``; the default climbs the recovery
+:mod:`.ladder`), which uses the supervisor's means (:class:`~.means.ResponseMeans`): a live
+process is repaired in place, a dead one is torn down and brought up again by the
+:class:`~.launcher.Launcher` (a warm spare or fresh processes) and torchft heals it from a live
+peer at the next quorum; its first committed step is its rejoin. When no live peer is left,
 :class:`~.total_loss.TotalLoss` resumes every group from a durable checkpoint. Each phase is an
 event, so a recovery's phases add up to the time the victim was out.
 
