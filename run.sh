@@ -43,6 +43,21 @@ setup_python() {
   "$PY" -m monarch_nb.cli install-kernel >/dev/null
 }
 
+setup_names() {
+  # torch's TCPStore client looks up the name of the address it connected to (IPv4 as
+  # ::ffff:a.b.c.d); /etc/hosts has no IPv6-mapped line for loopback, so every connect asks
+  # DNS, and a lost reply costs glibc's 5 s timeout. Each quorum change connects once per group:
+  # at 16 groups a lost reply in one of them held every survivor for 5 s (RESULTS.md, the
+  # recovery ladder). One mapped line answers the lookup from the file.
+  local line="::ffff:127.0.0.1 localhost # monarch_nb: torch's reverse lookups"
+  grep -qE '^::ffff:127\.0\.0\.1[[:space:]]' /etc/hosts 2>/dev/null && return 0
+  if [ -w /etc/hosts ]; then
+    printf '%s\n' "$line" >> /etc/hosts
+  else
+    log "note: add '::ffff:127.0.0.1 localhost' to /etc/hosts (a quorum change otherwise waits on DNS)"
+  fi
+}
+
 setup_browser() {
   # The real-browser test drives Debian's Chromium through Playwright (never `playwright install`).
   if [ ! -x /usr/bin/chromium ]; then
@@ -56,19 +71,19 @@ setup_browser() {
 cmd="${1:-}"; shift || true
 case "$cmd" in
   setup)
-    setup_python; setup_browser ;;
+    setup_python; setup_names; setup_browser ;;
   lab)
-    setup_python
+    setup_python; setup_names
     log "JupyterLab on http://127.0.0.1:${PORT:-8888} (kernel: Monarch)"
     exec "$VENV/bin/jupyter" lab --ip=127.0.0.1 --port="${PORT:-8888}" --no-browser \
       --ServerApp.root_dir="$ROOT/notebooks" --MultiKernelManager.default_kernel_name=monarch $( [ "$(id -u)" = 0 ] && echo --allow-root ) "$@" ;;
   demo)
-    setup_python
+    setup_python; setup_names
     out="$ROOT/runs/02_fault_tolerant_training.out.ipynb"
     mkdir -p "$ROOT/runs"
     exec "$VENV/bin/monarch-nb" execute notebooks/02_fault_tolerant_training.ipynb -o "$out" "$@" ;;
   test)
-    setup_python
+    setup_python; setup_names
     if [ "${1:-}" = --quick ]; then
       shift
       log "running the quick lane (not slow, not slurm, not browser; more pytest arguments may follow)"

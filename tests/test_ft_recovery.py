@@ -228,6 +228,13 @@ def test_survivors_never_restart(ft):
     assert respawned == sorted([o.victim for o in faults if o.kind in REPLACED] + [2])  # + the corrupt cell's kill
 
 
+def test_the_run_finds_no_dns_wait_in_its_quorum_changes(ft):
+    """The run checks at its start that a store connect is named without DNS (name_lookup.py)."""
+    run, _, _ = ft
+    (started,) = run.events.events("lighthouse_started")
+    assert started.name_lookup is None, started.name_lookup
+
+
 def test_loss_goes_down(ft):
     run, _, _ = ft
     summary = run.history().summary()

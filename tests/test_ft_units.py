@@ -854,6 +854,17 @@ def test_the_join_timeout_stretches_with_processes_per_core_on_a_shared_host():
     assert Placement.shares_this_host and not SlurmPlacement.shares_this_host
 
 
+def test_an_address_this_host_cannot_name_from_its_files_is_reported_with_the_line_that_fixes_it():
+    """torch's store client looks up the name of ::ffff:a.b.c.d on every connect; unnamed in
+    /etc/hosts it asks DNS, and one lost reply held 16 groups' quorum change for 5 s."""
+    from monarch_nb.ft.control.name_lookup import reverse_lookup_finding, store_form
+
+    assert store_form("127.0.0.1") == "::ffff:127.0.0.1" and store_form("::1") == "::1"
+    assert reverse_lookup_finding("127.0.0.1") is None  # ./run.sh setup wrote the mapped loopback line
+    finding = reverse_lookup_finding("127.0.0.77")  # an address no file names
+    assert finding is not None and "::ffff:127.0.0.77" in finding and "/etc/hosts" in finding, finding
+
+
 def test_a_group_that_fails_before_the_checked_step_is_left_out_of_the_check():
     """At R = 32 each check asked after a rejoin still waited on a group the next fault took, and
     none completed: a failed group is dropped from every pending check."""

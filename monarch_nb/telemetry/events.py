@@ -296,6 +296,7 @@ class LighthouseStarted(Event):
     address: str
     pid: int | None
     join_timeout_ms: int | None = None  # as started: stretched on an oversubscribed host (join_timeout_for)
+    name_lookup: str | None = None  # why a quorum change may wait on DNS here (name_lookup.py); None: it will not
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -10,17 +10,22 @@ one when it starts, stops watching first when it stops, and closes it once its g
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
+import warnings
 from typing import Callable
 
 from ...telemetry.events import Event, LighthouseFailed, LighthouseRestarted, LighthouseStarted
 from ..spec.config import RunConfig
 from .groups import ReplicaGroup
 from .lighthouse import Lighthouse, LighthouseSettings, join_timeout_for
+from .name_lookup import reverse_lookup_finding
 from .placement import Placement
 from .plain_rendezvous import PlainRendezvous
+
+log = logging.getLogger(__name__)
 
 LIGHTHOUSE_POLL_S = 0.25  # how often the watch looks at the Lighthouse's process
 RESTART_GIVE_UP_S = 60.0  # a Lighthouse that cannot be restarted for this long is given up on
@@ -50,11 +55,15 @@ class Coordinator:
         if cfg.on_failure == "plain_restart":  # no torchft: the job's store instead of a Lighthouse
             self.rendezvous = PlainRendezvous(placement.bind_host)
             return
+        finding = reverse_lookup_finding(placement.advertise_host) if placement.shares_this_host else None
+        if finding:
+            log.warning("%s", finding)
+            warnings.warn(finding, RuntimeWarning, stacklevel=2)
         self.lighthouse = Lighthouse(LighthouseSettings(
             bind=f"{placement.bind_host}:0", min_replicas=cfg.min_replicas, join_timeout_ms=join_ms,
             quorum_tick_ms=cfg.quorum_tick_ms, heartbeat_timeout_ms=cfg.heartbeat_timeout_ms)).start()
         self._emit(LighthouseStarted(address=self.lighthouse.address or "?", pid=self.lighthouse.pid,
-                                     join_timeout_ms=join_ms))
+                                     join_timeout_ms=join_ms, name_lookup=finding))
 
     def lighthouse_address(self) -> str:
         """The Lighthouse's address now (the same after a restart)."""
