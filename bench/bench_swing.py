@@ -16,7 +16,7 @@ against the reference over the live-groups strip). Exit status 0 iff no promise 
 (``SwingResult.problems()``).
 
 Usage: python bench/bench_swing.py --groups 16 --every 20 --at-once 8 --steps 200 \\
-           --out bench/results/swing.json [--job local|slurm]
+           --out bench/results/swing.json [--job local|slurm] [--lowest-rung process]
 """
 
 from __future__ import annotations
@@ -43,6 +43,8 @@ def parser(doc: str = __doc__, *, groups: int = 16, every: float = 20.0, at_once
     p.add_argument("--model", default=model)
     p.add_argument("--job", default="local", choices=["local", "slurm"])
     p.add_argument("--spares", type=int, default=0)
+    p.add_argument("--lowest-rung", default="communicator", choices=["communicator", "process"],
+                   help="process: every fault replaces the process, as the reference run did")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--timeout", type=float, default=1800.0)
     p.add_argument("--name", default="bench-swing", help="run directory names start with this")
@@ -55,7 +57,7 @@ def main(argv: list[str] | None = None, p: argparse.ArgumentParser | None = None
     plan = SwingPlan(replicas=a.groups, every_s=a.every, at_once=a.at_once, steps=a.steps, seed=a.seed, keep=a.keep,
                      timeout_s=a.timeout)
     stamp = time.strftime("%H%M%S")
-    config = RunConfig(replicas=a.groups, model=a.model, job=a.job, spares=a.spares)
+    config = RunConfig(replicas=a.groups, model=a.model, job=a.job, spares=a.spares, lowest_rung=a.lowest_rung)
     t0 = time.monotonic()
     faults = FTRun(config, run_name=f"{a.name}-faults-{stamp}")
     drive_faults(faults, plan, log=lambda s: print(f"[{time.monotonic() - t0:5.0f} s] {s}", flush=True))
