@@ -155,7 +155,7 @@ def test_an_empty_file_is_the_default_config(tmp_path):
     ("[training]\nbatch_size = 2\nlocal_batch_size = 2\n",
      "[training] local_batch_size: sets batch_size, which [training] batch_size already set"),
     ("[training]\nseq_len = 4\n", "[training] seq_len: must be an integer >= 8, got 4 (RunConfig.seq_len;"),
-    ("[model]\nflavor = \"2B\"\n", "[model] flavor: unknown model '2B'; allowed values: tiny, debugmodel, debug4x, small, medium, 1B"),
+    ("[model]\nflavor = \"2B\"\n", "[model] flavor: unknown value '2B'; allowed values: tiny, debugmodel, debug4x, small, medium, 1B"),
     ("[fault_tolerance]\ngroup_size = 2\nmin_replica_size = 3\n",
      "[fault_tolerance] min_replica_size: 3 exceeds replicas (2)"),
     ("[monarch_nb.respawn]\nmax_respawns = -1\n", "[monarch_nb] respawn.max_respawns: must be an integer >= 0"),

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from IPython.core.error import UsageError
 
 from ..errors import Interrupted
-from ..ft.spec.config import LOWEST_RUNGS, MODELS, ON_FAILURE
+from ..ft.spec.config import LOWEST_RUNGS, MODELS, ON_FAILURE, QUORUMS
 from ..ft.spec.faults import CLUSTER_KINDS, FaultKind
 from .args import non_negative_int, positive_float, positive_int, positive_number
 from .progress import Line, Progress
@@ -72,6 +72,9 @@ def add_training_commands(sub: Any) -> None:
     train.add_argument("--lowest-rung", default=None, choices=list(LOWEST_RUNGS),
                        help="communicator (default): a live process whose communicator broke or whose step "
                             "raised is repaired in place; process: every fault replaces the process")
+    train.add_argument("--quorum", default=None, choices=list(QUORUMS),
+                       help="sync (default): torchft's quorum before each step's forward pass; "
+                            "async: beside it (a healing group adds no gradient to that step)")
     train.add_argument("--resume", default=None, metavar="RUN_DIR",
                        help="continue a run from its newest durable checkpoint (same run id and event log)")
     train.add_argument("--resume-from", default=None, metavar="PATH",
@@ -173,7 +176,7 @@ class TrainingCommands:
                   "partition": args.partition, "time_limit": args.time_limit, "spares": args.spares,
                   "checkpoint_every": args.checkpoint_every, "checkpoint_dir": args.checkpoint_dir,
                   "on_failure": args.on_failure, "resume_from": args.resume_from,
-                  "lowest_rung": args.lowest_rung}
+                  "lowest_rung": args.lowest_rung, "quorum": args.quorum}
         overrides = {k: v for k, v in fields.items() if v is not None}
         if args.resume:
             if args.config:

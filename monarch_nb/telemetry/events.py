@@ -337,6 +337,12 @@ class Step(Event):
     committed: bool
     quorum_id: int | None = None
     participants: int | None = None
+    # where the step's time went, in seconds (None from logs written before they were kept): its
+    # quorum, the cross-group gradient average and should_commit - what fault tolerance adds
+    quorum_s: float | None = None
+    average_s: float | None = None
+    commit_s: float | None = None
+    synced: bool | None = None  # LocalSGD / DiLoCo: the groups met in this step (False: the meeting failed)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -42,8 +42,13 @@ class _Pending:
 
 
 class IdentityChecks:
-    def __init__(self, group_size: int, emit: Callable[[Event], None]) -> None:
+    """Checks at steps that are multiples of ``every``: 1 under per-step sync; the sync period
+    under LocalSGD or DiLoCo, where the groups are equal only right after they met (``None``:
+    never - streaming DiLoCo meets one fragment at a time, so its groups are never all equal)."""
+
+    def __init__(self, group_size: int, emit: Callable[[Event], None], every: int | None = 1) -> None:
         self.group_size = group_size
+        self.every = every
         self._emit = emit
         self._lock = threading.Lock()
         self._pending: dict[int, _Pending] = {}
@@ -57,11 +62,11 @@ class IdentityChecks:
         controller's view: then the check moves further ahead, 4x each time.
         Returns the step checked, or None with fewer than two groups."""
         groups = list(groups)
-        if len(groups) < 2:
+        if len(groups) < 2 or self.every is None:
             return None
         base = max(step for _, step in groups)
         for _ in range(attempts):
-            target = base + ahead
+            target = -(-(base + ahead) // self.every) * self.every  # the next step the groups meet at
             with self._lock:
                 self._pending[target] = _Pending({(r, k) for r, _ in groups for k in range(self.group_size)})
             answers = _ask_all([replica for replica, _ in groups], target, ask)

@@ -33,11 +33,18 @@ from typing import ClassVar
 
 from ...telemetry.events import FailureDetected, GaveUp, Respawned, RungEscalated, RungStarted
 from .groups import FAILED, GAVE_UP, HEALING, REPAIRING, RESPAWNING, TRAINING, Failure, ReplicaGroup
+from ..spec.config import RunConfig
 from .means import ResponseMeans
 
 RUNGS = ("communicator", "step", "process", "hosts", "checkpoint")
 ESCALATES_TO = {"communicator": "process", "step": "process", "process": None, "hosts": None}
 IN_PLACE_CAUSES = {"comms": "communicator", "exception": "step"}  # a stalled trainer's cause -> its rung
+
+
+def lowest_rung(config: RunConfig) -> str:
+    """``config.lowest_rung``, except under LocalSGD / DiLoCo: torchft's optimizer hooks hold the
+    Manager there, so a communicator is not rebuilt in place and every fault replaces the process."""
+    return config.lowest_rung if config.sync == "step" else "process"
 
 
 def entry_rung(failure: Failure, lowest: str, group_size: int, allocation_gone: bool) -> str:
@@ -78,7 +85,9 @@ class InPlaceRung(Rung):
         try:
             means.repair(g, bound)
         except Exception as exc:  # a repair that raised or did not answer within the bound
-            return f"the repair did not complete within {bound:g} s: {type(exc).__name__}: {str(exc)[:200]}"
+            lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+            cause = lines[-1] if lines else type(exc).__name__  # a remote error ends with its own
+            return f"the repair failed or did not answer within {bound:g} s: {cause[:240]}"
         means.groups.clear_failure(g)  # the stall's reports (its notice's echo) are handled: news from here on
         means.groups.touch(g, time.monotonic())  # it answered: its silence counts from here, not from the stall
         means.set_state(g, HEALING, "repaired in place; rejoins at its next committed step")
@@ -174,14 +183,14 @@ class Ladder:
     def action(self, cause: str | None = None) -> str:
         """What happens after a failure of this ``cause``, as its notice says it."""
         spare = " (a warm spare if one is ready)" if self.means.spares is not None else ""
-        if IN_PLACE_CAUSES.get(cause or "") and self.means.config.lowest_rung == "communicator":
+        if IN_PLACE_CAUSES.get(cause or "") and lowest_rung(self.means.config) == "communicator":
             return ("its communicator is rebuilt in place (model, optimizer and step kept); if that fails, "
                     f"its group is replaced{spare}")
         return f"its group is torn down and replaced{spare}; the replacement heals from a live peer"
 
     def climb(self, g: ReplicaGroup, failure: Failure) -> None:
         means = self.means
-        rung: str | None = entry_rung(failure, means.config.lowest_rung, means.config.group_size,
+        rung: str | None = entry_rung(failure, lowest_rung(means.config), means.config.group_size,
                                       failure.cause is None and means.allocation_gone(g))
         reason = failure.reason
         while rung is not None and not means.stopping.is_set():

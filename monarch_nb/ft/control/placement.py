@@ -11,6 +11,7 @@ import threading
 from typing import Any, Callable
 
 from ... import seam
+from ..spec.config import slurm_spec
 
 
 class Placement:
@@ -121,6 +122,6 @@ def placement_for(config: Any, host_mesh_for: Callable[[int], Any] | None = None
     if job == "process":
         return ProcessJobPlacement(config.replicas)
     if job == "slurm":
-        return SlurmPlacement(config.slurm_spec())
+        return SlurmPlacement(slurm_spec(config))
     raise ValueError(f"job: {job!r} needs host_mesh_for=lambda r: <that job's host mesh>; "
                      "see monarch.job.KubernetesJob")

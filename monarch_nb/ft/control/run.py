@@ -29,7 +29,7 @@ from ...telemetry.events import Event, ReplicasIdentical, RestartedFromScratch, 
 from ..record.history import RunHistory
 from ..record.ingest import EventIngest
 from ..spec.checkpoint_format import CheckpointInfo
-from ..spec.config import RESTARTS, RunConfig
+from ..spec.config import RESTARTS, RunConfig, meets_every
 from ..spec.faults import Fault, FaultKind, FaultSchedule, refuse_corrupt_unless_striped
 from ..spec.platform import check_gpu_sharing, select_platform
 from .coordinator import Coordinator
@@ -99,7 +99,7 @@ class FTRun:
         self.fault_log = str(self.run_dir / "faults.jsonl")
         self._session = session
         self.groups = GroupTable(cfg.replicas)
-        self.identity = IdentityChecks(cfg.group_size, self.events.append)
+        self.identity = IdentityChecks(cfg.group_size, self.events.append, every=meets_every(cfg))
         self._delivery = FaultDelivery(self.config, self.groups, self.fault_log, lambda: self._session)
         self.faults = FaultInjector(cfg.group_size, self.groups, self.fault_log, self._delivery.arm,
                                     self._delivery.through_scheduler, self.events.append,

@@ -221,7 +221,10 @@ def _run_state(fold: _Fold, reopened: bool) -> str:
 
 
 def _when(t: float) -> str:
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
+    try:
+        return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
+    except (OverflowError, OSError, ValueError):  # a damaged log's time: shown as it is written
+        return f"t={t!r} (not a time)"
 
 
 def _survivor_figures(rec: Recovery, fold: _Fold) -> None:

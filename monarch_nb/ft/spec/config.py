@@ -75,6 +75,8 @@ def check_run_name(name: object) -> None:
 ON_FAILURE = ("peer", "restart", "plain_restart")
 # Where the recovery ladder may start (its rungs, lowest first: ft/control/ladder.py RUNGS).
 LOWEST_RUNGS = ("communicator", "process")
+QUORUMS = ("sync", "async")
+SYNCS = ("step", "local_sgd", "diloco")
 # every failure restarts the whole run from its newest checkpoint
 RESTARTS = ("restart", "plain_restart")
 
@@ -202,6 +204,11 @@ class RunConfig:
             in place), or "process" (every fault replaces the process, as before the ladder).
         repair_timeout_s: an in-place repair must bring its group back (a committed step)
             within this, else the ladder replaces the process (default 20).
+        quorum: torchft's quorum per step: "sync" (default, before the forward pass) or "async" (beside it).
+        sync: "step" (default: gradients averaged every step), "local_sgd" or "diloco" (torchft's,
+            via torchtitan): each group trains alone and the groups meet every ``sync_every`` steps.
+        sync_every: steps between meetings (torchtitan's ``sync_steps``; default 20).
+        fragments: DiLoCo in this many staggered pieces: streaming DiLoCo (``num_fragments``; default 1).
         resume_from: start this new run from a durable checkpoint written by another run: a
             ``step-N`` directory, or a checkpoint folder (its newest complete checkpoint). Its
             weights, optimizer state, LR schedule and step are loaded into every group before
@@ -277,6 +284,10 @@ class RunConfig:
     resume_from: str | None = None  # a new run starts from another run's checkpoint (named, recorded)
     lowest_rung: str = "communicator"  # the ladder's lowest rung; "process": replace every failed process
     repair_timeout_s: float = 20.0  # an in-place repair brings its group back within this, else escalates
+    quorum: str = "sync"  # torchft's per-step quorum: before the forward pass, or "async" beside it
+    sync: str = "step"  # "local_sgd" / "diloco": semi-synchronous, the groups meet every sync_every steps
+    sync_every: int = 20  # torchtitan's sync_steps
+    fragments: int = 1  # torchtitan's num_fragments (diloco)
     # controller
     poll_interval_s: float = 0.25  # how often each group's telemetry is drained
     hang_timeout_s: float = 5.0  # a group that answers nothing for this long is hung
@@ -294,6 +305,10 @@ class RunConfig:
             if not isinstance(v, int) or isinstance(v, bool) or v < lo:
                 raise ValueError(f"{name}: must be an integer >= {lo}, got {v!r}")
 
+        def need_one_of(name: str, allowed: tuple[str, ...]) -> None:
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"{name}: unknown value {getattr(self, name)!r}; allowed values: {', '.join(allowed)}")
+
         def need_pos(name: str) -> None:
             v = getattr(self, name)
             if not isinstance(v, (int, float)) or isinstance(v, bool) or not finite(v) or v <= 0:
@@ -307,12 +322,10 @@ class RunConfig:
             raise ValueError(f"replicas: {self.replicas} groups + {self.spares} spares is more than {MAX_GROUPS}; "
                              f"allowed: at most {MAX_GROUPS} in all")
         need_int("group_size", 1)
-        if self.model not in MODELS:
-            raise ValueError(f"model: unknown model {self.model!r}; allowed values: {', '.join(MODELS)}")
-        if self.job not in JOBS:
-            raise ValueError(f"job: unknown value {self.job!r}; allowed values: {', '.join(JOBS)}")
+        need_one_of("model", MODELS)
+        need_one_of("job", JOBS)
         if self.job == "slurm":
-            self.slurm_spec()
+            slurm_spec(self)
         else:
             for name in ("partition", "time_limit"):
                 if getattr(self, name) is not None:
@@ -324,11 +337,8 @@ class RunConfig:
         need_int("warmup_steps", 0)
         need_int("threads_per_proc", 1)
         need_pos("lr")
-        if self.platform not in PLATFORMS:
-            raise ValueError(f"platform: unknown value {self.platform!r}; allowed values: {', '.join(PLATFORMS)}")
-        if self.heal_transport not in HEAL_TRANSPORTS:
-            raise ValueError(f"heal_transport: unknown value {self.heal_transport!r}; "
-                             f"allowed values: {', '.join(HEAL_TRANSPORTS)}")
+        need_one_of("platform", PLATFORMS)
+        need_one_of("heal_transport", HEAL_TRANSPORTS)
         need_int("heal_streams", 1)
         if self.heal_interface is not None:
             if not isinstance(self.heal_interface, str) or not re.fullmatch(r"[A-Za-z0-9_.:@-]{1,15}", self.heal_interface):
@@ -345,8 +355,12 @@ class RunConfig:
                              f"allowed values: 1..{self.replicas}")
         for name in ("heartbeat_timeout_ms", "join_timeout_ms", "quorum_tick_ms"):
             need_int(name, 1)
-        if self.lowest_rung not in LOWEST_RUNGS:
-            raise ValueError(f"lowest_rung: unknown value {self.lowest_rung!r}; allowed values: {', '.join(LOWEST_RUNGS)}")
+        need_one_of("lowest_rung", LOWEST_RUNGS)
+        need_one_of("quorum", QUORUMS)
+        need_one_of("sync", SYNCS)
+        need_int("sync_every", 1)
+        need_int("fragments", 1)
+        check_sync(self)
         for name in ("pg_timeout_s", "quorum_timeout_s", "poll_interval_s", "hang_timeout_s", "init_timeout_s",
                      "repair_timeout_s"):
             need_pos(name)
@@ -367,8 +381,7 @@ class RunConfig:
         if self.runs_root is not None and (not isinstance(self.runs_root, str) or not self.runs_root):
             raise ValueError(f"runs_root: must be a directory path (or None: $MONARCH_NB_RUNS or ./runs), "
                              f"got {self.runs_root!r}")
-        if self.on_failure not in ON_FAILURE:
-            raise ValueError(f"on_failure: unknown value {self.on_failure!r}; allowed values: {', '.join(ON_FAILURE)}")
+        need_one_of("on_failure", ON_FAILURE)
         if self.on_failure == "plain_restart" and self.spares:
             raise ValueError(f"spares: a plain_restart job restarts every process on a failure, a warm spare has "
                              f"nothing to replace; got spares={self.spares} (use on_failure='peer' for spares)")
@@ -379,19 +392,6 @@ class RunConfig:
                                                      for k, v in self.env.items()):
             raise ValueError("env: must map str to str")
         return self
-
-    def slurm_spec(self) -> Any:
-        """What each group's SLURM allocation asks for (job="slurm")."""
-        from ...jobs.slurm import SlurmSpec
-
-        try:
-            return SlurmSpec(partition=self.partition, time_limit=self.time_limit,
-                             start_timeout_s=self.allocation_timeout_s).validate()
-        except ValueError as exc:  # the spec's own name for the field is not ours
-            message = str(exc)
-            if message.startswith("start_timeout_s:"):
-                message = "allocation_timeout_s:" + message[len("start_timeout_s:"):]
-            raise ValueError(message) from None
 
     def replace(self, **changes: Any) -> "RunConfig":
         return dataclasses.replace(self, **changes)
@@ -454,6 +454,45 @@ class RunConfig:
             return cfg.validate()
         except ValueError as exc:
             raise ValueError(_name_the_file_key(str(exc), origins, set(overrides), str(path))) from None
+
+
+def slurm_spec(config: "RunConfig") -> Any:
+    """What each group's SLURM allocation asks for (job="slurm")."""
+    from ...jobs.slurm import SlurmSpec
+
+    try:
+        return SlurmSpec(partition=config.partition, time_limit=config.time_limit,
+                         start_timeout_s=config.allocation_timeout_s).validate()
+    except ValueError as exc:  # the spec's own name for the field is not ours
+        message = str(exc)
+        if message.startswith("start_timeout_s:"):
+            message = "allocation_timeout_s:" + message[len("start_timeout_s:"):]
+        raise ValueError(message) from None
+
+
+def meets_every(config: "RunConfig") -> int | None:
+    """Steps between the points where every group holds the same parameters: 1 under per-step
+    sync, the sync period under LocalSGD or DiLoCo; None under streaming DiLoCo (never all at once)."""
+    return 1 if config.sync == "step" else (config.sync_every if config.fragments == 1 else None)
+
+
+def check_sync(config: "RunConfig") -> None:
+    """Semi-synchronous training (torchft's LocalSGD and DiLoCo, through torchtitan) with what it
+    is built for here: peer recovery, one process per group, the synchronous quorum (DiLoCo
+    requires it), no durable checkpoints yet."""
+    c = config
+    if c.fragments > 1 and c.sync != "diloco":
+        raise ValueError(f"fragments: only for sync='diloco' (streaming DiLoCo), got fragments={c.fragments} "
+                         f"with sync={c.sync!r}")
+    if c.sync == "step":
+        return
+    if c.sync_every % c.fragments:
+        raise ValueError(f"sync_every: {c.sync_every} steps must divide into fragments={c.fragments} "
+                         f"(each fragment syncs every sync_every/fragments steps)")
+    for name, value, need in (("on_failure", c.on_failure, "peer"), ("group_size", c.group_size, 1),
+                              ("quorum", c.quorum, "sync"), ("checkpoint_every", c.checkpoint_every, None)):
+        if value != need:
+            raise ValueError(f"{name}: sync={c.sync!r} needs {name}={need!r} here, got {value!r}")
 
 
 def find_job_file(path: str | Path) -> Path:

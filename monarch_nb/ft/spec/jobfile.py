@@ -101,6 +101,10 @@ SECTIONS: dict[str, dict[str, Key]] = {
         "process_group_timeout_ms": Key("pg_timeout_s", "int", "cross-replica collective timeout (ms -> s)",
                                         convert=lambda v: v / 1000.0,
                                         check=lambda v: None if v > 0 else f"{v} is not a timeout; give ms > 0"),
+        "semi_sync_method": Key("sync", "str", "local_sgd or diloco: the groups meet every sync_steps steps "
+                                "(leave it out: gradients averaged every step)"),
+        "sync_steps": Key("sync_every", "int", "steps between the groups' meetings (local_sgd, diloco)"),
+        "num_fragments": Key("fragments", "int", "diloco in this many staggered pieces (streaming DiLoCo)"),
     },
     "checkpoint": {
         "enable": Key(None, "bool", "with interval: checkpoint_every (false: checkpoint_every = None)"),

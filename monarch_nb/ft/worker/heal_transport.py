@@ -46,7 +46,7 @@ from urllib.parse import urlsplit
 
 import torch
 import xxhash
-from torch.utils._pytree import tree_flatten, tree_unflatten, treespec_dumps
+from torch.utils._pytree import tree_flatten, tree_unflatten, treespec_dumps, treespec_loads
 from torchft.checkpointing.transport import CheckpointTransport
 
 PIECE_BYTES = 16 << 20  # the unit of checking, striping and retry
@@ -302,7 +302,11 @@ class StripedTransport(CheckpointTransport[Any]):
 
         leaves, spec = tree_flatten(self._target())
         if treespec_dumps(spec) != source.spec:
-            raise ValueError(f"heal: the donor's state has a different structure than ours ({metadata})")
+            # The donor's state holds parts ours does not have yet (DiLoCo's outer optimizer makes
+            # its momentum at its first step): receive into new tensors rather than in place.
+            spec = treespec_loads(source.spec)
+            leaves = [torch.empty(source.tensors[i][1], dtype=getattr(torch, source.tensors[i][0].split(".")[-1]))
+                      if i in source.tensors else v for i, v in enumerate(source.values)]
         for i, (dtype, shape) in source.tensors.items():
             mine = leaves[i]
             if not isinstance(mine, torch.Tensor) or (str(mine.dtype), tuple(mine.shape)) != (dtype, shape):

@@ -171,4 +171,6 @@ class RankState:
         for opt in p.optimizers.optimizers:
             for g in opt.param_groups:
                 ho.update(repr(sorted((k, v) for k, v in g.items() if k != "params")).encode())
+        if p.cfg.get("sync", "step") != "step":  # LocalSGD / DiLoCo: each group's optimizer is its own
+            return {"params": hp.hexdigest(), "optim": "each group's own (semi-synchronous)"}
         return {"params": hp.hexdigest(), "optim": ho.hexdigest()}

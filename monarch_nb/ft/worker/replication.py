@@ -29,6 +29,7 @@ class StepQuorum:
     quorum_id: int | None  # the torchft quorum (None: plain_restart has none), for the step record
     healed: bool  # this group's state was just replaced by a heal
     saver: bool  # this group writes the durable checkpoints due at this step
+    pending: bool = False  # started asynchronously: the fields above are known after ``settle``
 
 
 @dataclass(frozen=True)
@@ -60,6 +61,16 @@ class Replication(ABC):
     def start(self, last_commit: tuple[int, float] | None) -> StepQuorum | NoStep | MustWait:
         """Start this step's quorum, healing first when behind. ``last_commit``: (step, unix
         time) of this group's last committed step, for the ``healed`` event."""
+
+    def settle(self, quorum: StepQuorum, last_commit: tuple[int, float] | None) -> StepQuorum:
+        """After ``should_commit``: the quorum this step really trained in. The same as
+        ``quorum`` unless it was started asynchronously (torchft's async quorum: it formed, and
+        any heal arrived, while the step computed)."""
+        return quorum
+
+    def catch_up(self) -> None:
+        """Wait for a quorum started asynchronously (a group behind the run's progress must know
+        whether it heals before it may train)."""
 
     @abstractmethod
     def current_step(self) -> int:

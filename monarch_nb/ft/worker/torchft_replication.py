@@ -1,8 +1,11 @@
 """The torchft side of a rank: its Manager, quorum by quorum, and what it does when a peer fails.
 
-torchft's ``Manager`` drives every step with a *synchronous* quorum: ``start_quorum`` heals a
-recovering group before the forward pass (torchtitan 0.3.0's async quorum read the state dict
-during the forward pass and crashed on CPU), then the step averages gradients with
+torchft's ``Manager`` drives every step with a quorum. ``quorum="sync"`` (default): ``start_quorum``
+forms it, and heals a recovering group, before the forward pass. ``quorum="async"``: the quorum
+forms in torchft's thread while the step computes; a group that heals there adds zeros to that
+step's average and takes the healed weights in ``should_commit`` (before its optimizer steps), and
+a donor serves its state until its own ``should_commit``, which comes after the healing group's
+allreduce - so no group steps on stale weights. Then the step averages gradients with
 ``Manager.allreduce`` and asks ``should_commit``. This module owns the Manager and what is
 around it: the cross-replica process group, the heal transport (``heal_choice.py``), the quorum
 recorder (reported as ``quorum`` and ``healed`` events), and the answers to failures that are a
@@ -30,6 +33,7 @@ if TYPE_CHECKING:
     from torchft.process_group import ProcessGroup
 
     from .heal_transport import QuorumPeers
+    from .semi_sync import SemiSync
 
 
 def _replica_index(replica_id: str) -> int | None:
@@ -56,8 +60,14 @@ class TorchftReplication(Replication):
         self._comms_retries = 0
         self._retry_quorum_id: int | None = None  # the quorum whose process group could not be built
         self._last_quorum_id: int | None = None
+        self.asynchronous = self.cfg.get("quorum") == "async"
         self.manager: Manager = self._build_manager()
         self.quorum_recorder = seam.record_quorums(self.manager)
+        self.semi: SemiSync | None = None  # LocalSGD / DiLoCo: the groups meet every few steps
+        if self.cfg.get("sync", "step") != "step":
+            from .semi_sync import SemiSync
+
+            self.semi = SemiSync(self.cfg, parts, self.manager)
 
     # ---- the Manager and what it is built with --------------------------------------------------
 
@@ -98,7 +108,7 @@ class TorchftReplication(Replication):
             load_state_dict=self.state.load_state_dict,
             state_dict=self.state.state_dict,
             min_replica_size=int(self.cfg.get("min_replicas", 1)),
-            use_async_quorum=False,
+            use_async_quorum=self.asynchronous,
             timeout=timeout,
             quorum_timeout=timedelta(seconds=float(self.cfg.get("quorum_timeout_s", 10))),
             connect_timeout=timedelta(seconds=30),
@@ -136,6 +146,8 @@ class TorchftReplication(Replication):
     # ---- a step's quorum ------------------------------------------------------------------------
 
     def start(self, last_commit: tuple[int, float] | None) -> StepQuorum | NoStep:
+        if self.asynchronous:
+            return self._start_async()
         try:
             self.manager.start_quorum()
         except TimeoutError as exc:
@@ -162,11 +174,55 @@ class TorchftReplication(Replication):
             return self._comms_retry(self._pg_error() or "the cross-replica process group could not be built",
                                      rebuild=same)
         self._comms_retries, self._retry_quorum_id = 0, None
+        self._offer()
+        return self._formed(last_commit)
+
+    def _start_async(self) -> StepQuorum | NoStep:
+        """torchft's async quorum: started here, formed while the step computes (``settle``)."""
+        try:
+            self.manager.start_quorum()
+        except Exception as exc:  # noqa: BLE001 - the quorum machinery failed: a peer's doing
+            return self._comms_retry(f"the quorum failed: {type(exc).__name__}: {exc}", rebuild=True,
+                                     request_may_linger=True)
+        self._offer()
+        return StepQuorum(0, self._last_quorum_id, healed=False, saver=False, pending=True)
+
+    def settle(self, quorum: StepQuorum, last_commit: tuple[int, float] | None) -> StepQuorum:
+        if not quorum.pending:
+            return quorum
+        if seam.process_group_is_down(self.ft_pg) or self.manager.errored() is not None:
+            # This step did not commit; the next quorum (a new id without a dead member) builds
+            # a fresh group. A quorum that comes back the same rebuilds our Manager, as in sync.
+            q = self.quorum_recorder.last
+            qid = q.quorum_id if q is not None else None
+            if qid is not None and qid == self._retry_quorum_id:
+                self._new_manager()
+            self._retry_quorum_id = qid
+        else:
+            self._retry_quorum_id = None
+        return self._formed(last_commit)
+
+    def catch_up(self) -> None:
+        if self.asynchronous:
+            self.manager.wait_quorum()
+
+    def offer(self) -> None:
+        """Serve this group's state to a peer that may heal at the coming meeting (semi-sync)."""
+        self._offer()
+
+    def formed(self, last_commit: tuple[int, float] | None) -> StepQuorum:
+        """The quorum of the meeting just held (semi-sync): reported like a step's."""
+        return self._formed(last_commit)
+
+    def _offer(self) -> None:
         offer = getattr(self.transport, "offer", None)
         if offer is not None and self.manager.errored() is None:
             # Any member of the quorum may serve a peer that heals at this step (a striped heal
             # fetches from all of them); torchft itself offers only on the donor it picked.
             offer(self.manager.current_step(), self.manager._manager_state_dict)  # read only if asked
+
+    def _formed(self, last_commit: tuple[int, float] | None) -> StepQuorum:
+        """The quorum this step trains in, once formed: reported (``quorum``, ``healed``)."""
         q = self.quorum_recorder.last
         participants = self.manager.num_participants()
         if q is not None and q.quorum_id != self._last_quorum_id:
@@ -255,10 +311,15 @@ class TorchftReplication(Replication):
     def reset(self) -> None:
         """A new Manager and process group with this replica's step (``_new_manager``): its new
         replica id makes the next quorum a new one, so every member builds a fresh group."""
+        if self.semi is not None:  # LocalSGD / DiLoCo hold the Manager in their optimizer hooks
+            raise RuntimeError("an in-place communicator reset is not built for semi-synchronous training "
+                               f"(sync={self.cfg.get('sync')!r}): the process is replaced")
         self._new_manager()
         self._comms_retries, self._retry_quorum_id = 0, None
 
     def shutdown(self) -> None:
+        if self.semi is not None:
+            self.semi.close()
         try:
             seam.shutdown_manager(self.manager)
         except Exception:

@@ -64,6 +64,9 @@ class TrainStep:
             replication.restore_step(self._loaded_step)
 
     def current_step(self) -> int:
+        semi = getattr(self.replication, "semi", None)
+        if semi is not None:  # LocalSGD / DiLoCo: the Manager counts meetings, not steps
+            return semi.step()
         return self.replication.current_step() if self.replication is not None else 0
 
     def run(self, fault_point: Callable[[int], None] | None = None) -> dict[str, Any]:
@@ -74,16 +77,22 @@ class TrainStep:
         if self._pending_load is not None:
             path, self._pending_load = self._pending_load, None
             self.load_checkpoint(path)
-        self._phase("quorum")
         repl = self.replication
         assert repl is not None, "a warm spare does not train"
+        semi = getattr(repl, "semi", None)
+        if semi is not None:
+            return self._run_semi_sync(repl, semi, fault_point, t0)
+        self._phase("quorum")
         quorum = repl.start(self.last_commit)
+        t_quorum = time.time()
         if isinstance(quorum, MustWait):
             return self._wait(quorum)
         if isinstance(quorum, NoStep):
             if quorum.manager_replaced:
                 self._retry = None
             return quorum.record
+        if repl.current_step() < self.min_step:
+            repl.catch_up()  # an async quorum may heal us to the run's progress: know first
         if repl.current_step() < self.min_step:
             # The run had reached min_step, and this replica is behind it with nobody to heal
             # from (every group was lost): it must not train on from its initial weights. It
@@ -103,11 +112,17 @@ class TrainStep:
             grads = self._local_grads()
         if fault_point is not None:
             fault_point(step)
+        t_average = time.time()
         self._average(retry.local, grads)
+        average_s = time.time() - t_average
         model = self.parts.model
         torch.nn.utils.clip_grad_norm_([p for p in model.parameters()], 1.0, foreach=True)
+        t_commit = time.time()
         committed = repl.should_commit()
+        commit_s = time.time() - t_commit
+        quorum = repl.settle(quorum, self.last_commit)
         if committed:
+            step = repl.current_step()  # an async quorum's heal moved us to the donors' step
             self.parts.optimizers.step()
             self.parts.lr_schedulers.step()
             self.last_commit = (step, time.time())
@@ -119,7 +134,49 @@ class TrainStep:
         rec = {"kind": "step", "replica": self.replica, "rank": self.rank, "step": step,
                "loss": retry.loss, "committed": bool(committed),
                "tokens_per_s": retry.tokens / max(retry.compute_s, 1e-9), "seconds": t1 - t0,
-               "quorum_id": quorum.quorum_id, "participants": quorum.participants, "t": t1}
+               "quorum_id": quorum.quorum_id, "participants": quorum.participants,
+               "quorum_s": t_quorum - t0, "average_s": average_s, "commit_s": commit_s, "t": t1}
+        self._emit(rec)
+        return rec
+
+    def _run_semi_sync(self, repl: Any, semi: Any, fault_point: Callable[[int], None] | None,
+                       t0: float) -> dict[str, Any]:
+        """One step of LocalSGD or DiLoCo (``semi_sync.py``): this group's own optimizer step,
+        and every ``semi.period`` steps the meeting torchft's hook holds inside it. A group behind
+        the run's progress (``min_step``: it came back) trains provisionally - its steps are not
+        committed - until a meeting heals it from a peer."""
+        import torch
+
+        step = semi.step() + 1
+        meeting = int(semi.algorithm._local_step) + 1 == semi.period
+        retry, _ = self._compute(step)
+        if fault_point is not None:
+            fault_point(step)
+        torch.nn.utils.clip_grad_norm_([p for p in self.parts.model.parameters()], 1.0, foreach=True)
+        if meeting:
+            repl.offer()  # any member may serve a peer that heals at this meeting (a striped heal)
+        meetings = repl.current_step()
+        t_meet = time.time()
+        self.parts.optimizers.step()  # torchft's hook holds the meeting when it is due
+        self.parts.lr_schedulers.step()
+        meet_s = time.time() - t_meet
+        synced: bool | None = None
+        quorum = None
+        if semi.met():
+            synced = repl.current_step() > meetings  # committed: the count moved (a heal moves it further)
+            quorum = repl.formed(self.last_commit)
+            if synced:
+                step = semi.step()
+        committed = step > self.min_step
+        if committed:
+            self.last_commit = (step, time.time())
+        t1 = time.time()
+        rec = {"kind": "step", "replica": self.replica, "rank": self.rank, "step": step, "loss": retry.loss,
+               "committed": committed, "synced": synced,
+               "tokens_per_s": retry.tokens / max(retry.compute_s, 1e-9), "seconds": t1 - t0,
+               "quorum_id": quorum.quorum_id if quorum else None,
+               "participants": quorum.participants if quorum else None,
+               "quorum_s": 0.0, "average_s": meet_s if synced is not None else 0.0, "commit_s": 0.0, "t": t1}
         self._emit(rec)
         return rec
 

@@ -173,7 +173,7 @@ class TrainerActor(Actor):
                     if not self._stall("comms", "comms: cross-replica process group aborted"):
                         return
                     continue
-                if rec["committed"]:
+                if rec["committed"] and rec.get("synced") is not False:  # a failed meeting: groups differ
                     self._report_hashes(rec["step"])
         except BaseException as e:  # noqa: BLE001 - anything else ends the group's training
             if self._stop.is_set():

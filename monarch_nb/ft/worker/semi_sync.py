@@ -1,0 +1,53 @@
+"""Semi-synchronous training: torchft's LocalSGD or DiLoCo, built the way torchtitan builds them.
+
+Each group trains on its own; every ``sync_every`` steps (streaming DiLoCo: one of ``fragments``
+pieces every sync_every/fragments steps) the groups meet: a quorum (a group that came back heals
+there, from a peer), then LocalSGD averages the parameters and DiLoCo the pseudo-gradients (then
+its outer Nesterov step), and should_commit. A failed meeting (a peer died in it) is dropped:
+LocalSGD keeps its local parameters, DiLoCo goes back to the last ones the groups agreed on.
+
+torchft's objects run inside the optimizer's step (its hooks); torchtitan's
+``maybe_semi_sync_training`` and ``fragment_llm`` build them from torchtitan's own config keys
+(``semi_sync_method``, ``sync_steps``, ``num_fragments``). This wrapper enters them and says where
+a group is: the meetings it committed times the period between meetings, plus its steps since.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from torchft import Manager
+
+    from .rank_parts import RankParts
+
+
+class SemiSync:
+    """LocalSGD or DiLoCo (``cfg["sync"]``) around ``parts``' model and optimizers under ``manager``."""
+
+    def __init__(self, cfg: dict[str, Any], parts: RankParts, manager: Manager) -> None:
+        from torchtitan.experiments.torchft.config import FaultTolerance
+        from torchtitan.experiments.torchft.diloco import fragment_llm
+        from torchtitan.experiments.torchft.manager import maybe_semi_sync_training
+
+        ft = FaultTolerance(enable=True, semi_sync_method=str(cfg["sync"]), sync_steps=int(cfg["sync_every"]),
+                            num_fragments=int(cfg.get("fragments") or 1))
+        self.manager = manager
+        self.period = ft.sync_steps // ft.num_fragments  # steps between two meetings
+        model = parts.model
+        self._context = maybe_semi_sync_training(ft, SimpleNamespace(_manager=manager), model, len(model.layers),
+                                                 parts.optimizers, fragment_fn=fragment_llm)
+        self.algorithm = self._context.__enter__()
+
+    def step(self) -> int:
+        """The step this group is at: committed meetings x period + local steps since the last."""
+        return self.manager.current_step() * self.period + int(self.algorithm._local_step)
+
+    def met(self) -> bool:
+        """True right after a step whose optimizer step held a meeting (its local count restarts)."""
+        return int(self.algorithm._local_step) == 0
+
+    def close(self) -> None:
+        """Remove torchft's optimizer hooks."""
+        self._context.__exit__(None, None, None)
