@@ -20,6 +20,8 @@ there is what the JSON says. Blocks:
                   bench/results/heal_links.json (bench/bench_heal_links.py)
   goodput         the race of every on_failure setting at each group count, from
                   bench/results/goodput.json (bench/bench_goodput.py --quick --groups 3,8)
+  overhead        fault-free step time of each fault-tolerant setting against plain torchtitan,
+                  from bench/results/overhead.json (bench/bench_overhead.py --quick)
 
 Usage: python bench/readme_tables.py            print the blocks
        python bench/readme_tables.py --check    exit 1, with a diff, if RESULTS.md differs
@@ -426,6 +428,36 @@ def goodput_block(result: dict[str, Any]) -> str:
     return "\n".join(lines).rstrip()
 
 
+OVERHEAD_TARGETS = {"debugmodel": 1.03, "tiny": 1.07}  # issue 39: the default within 3% / 7% of plain
+
+
+def overhead_block(result: dict[str, Any]) -> str:
+    """Each setting's fault-free step against plain torchtitan's, and issue 39's targets."""
+    argv = " ".join(x for i, x in enumerate(result.get("argv", []))
+                    if x != "--out" and (i == 0 or result["argv"][i - 1] != "--out"))
+    lines = [f"`bench/bench_overhead.py {argv}` ({result.get('cpus')} CPUs, one invocation, "
+             f"{result.get('seconds', 0) / 60:.0f} min; step = the gap between a group's commits):", "",
+             "| model | R | setting | step ms (median) | mean | p95 | vs plain (median) | vs plain (mean) "
+             "| quorum | average | should_commit |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+
+    def pct(v: float | None) -> str:
+        return "-" if v is None else f"{v:.0%}"
+
+    for r in result["records"]:
+        name = r["mode"] + (" (default)" if r.get("default") else "")
+        lines.append(f"| {r['model']} | {r['groups']} | {name} | {r['step_s_median'] * 1000:.1f} "
+                     f"| {r['step_s_mean'] * 1000:.1f} | {r['step_s_p95'] * 1000:.1f} | {r['vs_plain']:.2f}x "
+                     f"| {r['vs_plain_mean']:.2f}x | {pct(r['quorum_share'])} | {pct(r['average_share'])} "
+                     f"| {pct(r['commit_share'])} |")
+    lines += ["", "Targets (the default setting's median step against plain torchtitan's):"]
+    for r in result["records"]:
+        limit = OVERHEAD_TARGETS.get(r["model"])
+        if r.get("default") and limit is not None and r["groups"] in (3, 8):
+            lines.append(f"* {r['model']} at {r['groups']} groups within {limit - 1:.0%}: {r['vs_plain']:.2f}x - "
+                         f"{'met' if r['vs_plain'] <= limit else '**not met**'}")
+    return "\n".join(lines)
+
+
 def blocks() -> dict[str, str]:
     seed = json.loads((REPO / "bench/results/seed_clusters.json").read_text())
     out = {"seed_clusters": seed_block(seed)}
@@ -448,6 +480,9 @@ def blocks() -> dict[str, str]:
     goodput = REPO / "bench/results/goodput.json"
     if goodput.exists() and "args" in json.loads(goodput.read_text()):
         out["goodput"] = goodput_block(json.loads(goodput.read_text()))
+    overhead = REPO / "bench/results/overhead.json"
+    if overhead.exists() and "vs_plain_mean" in json.loads(overhead.read_text())["records"][0]:
+        out["overhead"] = overhead_block(json.loads(overhead.read_text()))
     links = REPO / "bench/results/heal_links.json"
     if links.exists():
         out["heal_links"] = heal_links_block(json.loads(links.read_text()))

@@ -273,8 +273,9 @@ def kernel_soak(a: argparse.Namespace, kinds: list[str]) -> dict:
     cells = KernelCells()
     rss = RssSampler(cells.pid, a.rss_every)
     try:
-        print(cells.run(f"%monarch train --replicas {a.replicas} --spares {a.spares} "
-                        f"--checkpoint-every {a.checkpoint_every} --name {name}"), flush=True)
+        every = f"--checkpoint-every {a.checkpoint_every} " if a.checkpoint_every else ""
+        print(cells.run(f"%monarch train --replicas {a.replicas} --spares {a.spares} {every}--name {name}"),
+              flush=True)
         cells.run("%monarch dashboard")
         run_dir = cells.run("print(run.run_dir)").strip()
         print(cells.run(f"%monarch schedule --every {a.every:g} --kinds {','.join(kinds)} --seed {a.seed}"), flush=True)

@@ -187,6 +187,20 @@ def test_unplanned_failure_gets_its_own_recovery_and_marker():
     assert [mk.kind for mk in m.markers] == ["failure"]
 
 
+def test_semi_synchronous_meetings_are_marked_once_each_on_the_loss_plot():
+    """LocalSGD / DiLoCo: every group reports the meeting step; the plot marks each meeting once,
+    and a failed meeting (synced False) not at all."""
+    evs = healthy_run()
+    for step, synced in ((20, True), (40, False), (60, True)):
+        evs += [Step(t=T0 + 40 + step / 10 + r / 100, replica=r, step=step, loss=3.0, tokens_per_s=1.0,
+                     committed=True, synced=synced) for r in range(3)]
+    m = model_of(evs)
+    assert [(mk.kind, mk.step) for mk in m.markers if mk.kind == "meeting"] == [("meeting", 20), ("meeting", 60)]
+    from monarch_nb.notebook.dashboard_render import plot_legend_html
+
+    assert "groups met" in plot_legend_html(m.plot_data())
+
+
 def test_gave_up_keeps_the_group_failed_after_the_run_stops():
     evs = healthy_run() + kill_and_recover()[:3] + [GaveUp(t=T0 + 40, replica=1, attempts=3),
                                                    RunStopped(t=T0 + 41, run_id="r")]

@@ -83,6 +83,18 @@ def test_losing_every_group_resumes_from_the_newest_checkpoint_with_identical_re
     assert resumed_loss < first_loss - 1.0, (first_loss, resumed_loss)
 
 
+def test_losing_every_group_climbs_the_ladder_from_process_to_checkpoint(lost_and_resumed):
+    """Rung 3 -> 5: each group entered at ``process``; with no live peer left to heal from, the
+    ladder escalates every one of them to ``checkpoint``, naming why."""
+    run, _, facts = lost_and_resumed
+    since = facts["lost"].t - 30
+    escalated = [e for e in run.events.events("rung_escalated") if e.t >= since]
+    assert {(e.replica, e.rung, e.to) for e in escalated} == {(0, "process", "checkpoint"), (1, "process", "checkpoint")}
+    assert all(e.reason for e in escalated), escalated
+    started = {(e.replica, e.rung) for e in run.events.events("rung_started") if e.t >= since}
+    assert {(0, "checkpoint"), (1, "checkpoint")} <= started, started
+
+
 def test_resume_continues_the_same_run_and_its_event_log(lost_and_resumed):
     run, again, facts = lost_and_resumed
     assert again.run_id == run.run_id and again.run_dir == run.run_dir

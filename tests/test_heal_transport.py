@@ -91,6 +91,17 @@ def test_one_donor_heals_into_the_receivers_own_tensors(cluster_of):
     assert rec.donors == [0] and rec.corrupt == [] and rec.bytes == sum(rec.bytes_per_donor) > 0
 
 
+def test_a_donor_state_with_parts_the_receiver_lacks_heals_into_new_tensors(cluster_of):
+    """DiLoCo's outer optimizer makes its momentum at its first meeting: a group that comes back
+    has none yet, so the donor's state has leaves the receiver's lacks. Received whole."""
+    c = cluster_of(1)
+    c.donor_states[0]["user"]["outer"] = {"momentum": torch.randn(50, 20)}
+    healed = c.heal()
+    assert_same(healed, c.donor_states[0])
+    assert torch.equal(healed["user"]["outer"]["momentum"], c.donor_states[0]["user"]["outer"]["momentum"])
+    assert healed["user"]["default"]["model"]["w"] is not c.mine["user"]["default"]["model"]["w"]
+
+
 def test_three_donors_each_send_a_share(cluster_of):
     c = cluster_of(3)
     assert_same(c.heal(), c.donor_states[0])

@@ -25,6 +25,9 @@ CI_PARAMS: dict[str, list[str]] = {
     # them in place), never fewer than 2 training, the victims back, the reference; 8 groups took 90 s
     "06_seed_experiment.ipynb": ["-p", "replicas=4", "-p", "at_once=2", "-p", "every_s=3.0", "-p", "steps=12",
                                  "-p", "headless=True", "-p", "compare=False"],
+    # two groups, a meeting every 10 steps, a kill every 3 s: each arm still sees a kill healed
+    # from the live peer (at a meeting for the semi-synchronous arms) and agrees at the end
+    "07_semi_sync.ipynb": ["-p", "replicas=2", "-p", "target=40", "-p", "sync_every=10", "-p", "period_s=3.0"],
 }
 
 

@@ -27,9 +27,10 @@ _T = TypeVar("_T")
 
 @dataclass(frozen=True)
 class Marker:
-    """A point of interest on the loss plot: an injected fault, an unplanned failure, a heal."""
+    """A point of interest on the loss plot: an injected fault, an unplanned failure, a heal, a
+    meeting of the groups (LocalSGD / DiLoCo)."""
 
-    kind: str  # "fault" | "failure" | "heal"
+    kind: str  # "fault" | "failure" | "heal" | "meeting"
     replica: int
     step: int | None
     t: float

@@ -90,6 +90,7 @@ class DashboardModel:
         self.quorum = QuorumProgress()
         self.timeline = Timeline(log_size=log_size, recoveries_kept=RECOVERIES_KEPT)
         self._recovery: Recovery | None = None  # what the event being applied changed
+        self._last_meeting = -1  # LocalSGD / DiLoCo: the newest step the groups met at (one marker each)
 
     # ---- folding events ---------------------------------------------------------------
 
@@ -158,6 +159,9 @@ class DashboardModel:
         self.groups.step(e)
         self.quorum.step(e)
         self.curves.add(e)
+        if e.synced and e.step > self._last_meeting:  # semi-synchronous: the groups met at this step
+            self._last_meeting = e.step
+            self.curves.mark(Marker("meeting", e.replica, e.step, e.t, "the groups met"))
         return {HEALTH, QUORUM, PLOT}
 
     def _on_Quorum(self, e: Quorum) -> set[str]:

@@ -60,7 +60,8 @@ class LossPlot:
 
     MARKER_STYLE = {"fault": dict(marker="X", color="#d32f2f", s=90, label="fault injected"),
                     "failure": dict(marker="v", color="#d32f2f", s=70, label="failure"),
-                    "heal": dict(marker="^", color="#1565c0", s=80, label="healed")}
+                    "heal": dict(marker="^", color="#1565c0", s=80, label="healed"),
+                    "meeting": dict(marker="o", color="#2e7d32", s=22, label="groups met")}
 
     def __init__(self, *, width_in: float = 7.5, height_in: float = 3.0, dpi: int = 80) -> None:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -85,7 +86,8 @@ class LossPlot:
                                   label="committed (global)", zorder=4)
         self._marks = {k: ax.scatter([], [], zorder=5, edgecolors="white", linewidths=0.8, **st)
                        for k, st in self.MARKER_STYLE.items()}
-        self._vlines = {k: LineCollection([], colors=st["color"], linewidths=0.7, alpha=0.6,
+        self._vlines = {k: LineCollection([], colors=st["color"], linewidths=0.7,
+                                          alpha=0.25 if k == "meeting" else 0.6,
                                           linestyles="--" if k == "heal" else ":",
                                           transform=ax.get_xaxis_transform())
                         for k, st in self.MARKER_STYLE.items()}
@@ -219,7 +221,7 @@ def plot_legend_html(data: PlotData) -> str:
     items.append(f"<span style='color:{GLOBAL_COLOUR}'>&#x2504; committed (global)</span>")
     kinds = {m.kind for m in data.markers}
     glyphs = {"fault": ("&#x2716;", "fault injected"), "failure": ("&#x25bc;", "failure"),
-              "heal": ("&#x25b2;", "healed")}
+              "heal": ("&#x25b2;", "healed"), "meeting": ("&#x25cf;", "groups met (LocalSGD / DiLoCo)")}
     for kind, (glyph, label) in glyphs.items():
         if kind in kinds:
             colour = LossPlot.MARKER_STYLE[kind]["color"]

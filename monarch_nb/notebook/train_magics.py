@@ -73,8 +73,8 @@ def add_training_commands(sub: Any) -> None:
                        help="communicator (default): a live process whose communicator broke or whose step "
                             "raised is repaired in place; process: every fault replaces the process")
     train.add_argument("--quorum", default=None, choices=list(QUORUMS),
-                       help="sync (default): torchft's quorum before each step's forward pass; "
-                            "async: beside it (a healing group adds no gradient to that step)")
+                       help="async (default): torchft's quorum beside each step's forward pass (a healing "
+                            "group adds no gradient to that step); sync: before it")
     train.add_argument("--resume", default=None, metavar="RUN_DIR",
                        help="continue a run from its newest durable checkpoint (same run id and event log)")
     train.add_argument("--resume-from", default=None, metavar="PATH",
@@ -335,7 +335,9 @@ class TrainingCommands:
                 event = require_identical(run, timeout=args.timeout)
         except (RuntimeError, TimeoutError) as exc:  # ReplicasDiffer is a RuntimeError
             raise UsageError(f"check: {exc}") from None
-        print(f"replicas bit-identical at step {event.step} ({len(event.hashes)} ranks)")
+        what = "" if run.config.sync == "step" else \
+            f" (their parameters at a {run.config.sync} meeting step; each group's optimizer state is its own)"
+        print(f"replicas bit-identical at step {event.step} ({len(event.hashes)} ranks){what}")
 
     def restart(self, args: argparse.Namespace) -> None:
         run = self.current()

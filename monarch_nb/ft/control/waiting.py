@@ -206,6 +206,9 @@ def require_identical(run: FTRun, timeout: float = 60.0) -> ReplicasIdentical:
         raise TimeoutError(f"no identity verdict within {timeout:g} s: every training group must commit the "
                            "checked step and report its digests; see the run's status, "
                            "or give a longer timeout") from None
+    if event is None and run.config.sync != "step" and run.config.fragments > 1:
+        raise RuntimeError(f"streaming DiLoCo (fragments={run.config.fragments}) meets one fragment at a time, so "
+                           "its groups never hold all the same parameters at once: there is no step to compare at")
     if event is None:
         raise RuntimeError("fewer than two replica groups are training: there is nothing to compare; "
                            "check again when at least two are")

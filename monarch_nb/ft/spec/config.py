@@ -204,7 +204,7 @@ class RunConfig:
             in place), or "process" (every fault replaces the process, as before the ladder).
         repair_timeout_s: an in-place repair must bring its group back (a committed step)
             within this, else the ladder replaces the process (default 20).
-        quorum: torchft's quorum per step: "sync" (default, before the forward pass) or "async" (beside it).
+        quorum: torchft's quorum per step: "async" (default: beside the forward pass) or "sync" (before it).
         sync: "step" (default: gradients averaged every step), "local_sgd" or "diloco" (torchft's,
             via torchtitan): each group trains alone and the groups meet every ``sync_every`` steps.
         sync_every: steps between meetings (torchtitan's ``sync_steps``; default 20).
@@ -284,7 +284,7 @@ class RunConfig:
     resume_from: str | None = None  # a new run starts from another run's checkpoint (named, recorded)
     lowest_rung: str = "communicator"  # the ladder's lowest rung; "process": replace every failed process
     repair_timeout_s: float = 20.0  # an in-place repair brings its group back within this, else escalates
-    quorum: str = "sync"  # torchft's per-step quorum: before the forward pass, or "async" beside it
+    quorum: str = "async"  # torchft's per-step quorum: beside the forward pass, or "sync" before it
     sync: str = "step"  # "local_sgd" / "diloco": semi-synchronous, the groups meet every sync_every steps
     sync_every: int = 20  # torchtitan's sync_steps
     fragments: int = 1  # torchtitan's num_fragments (diloco)
@@ -478,8 +478,8 @@ def meets_every(config: "RunConfig") -> int | None:
 
 def check_sync(config: "RunConfig") -> None:
     """Semi-synchronous training (torchft's LocalSGD and DiLoCo, through torchtitan) with what it
-    is built for here: peer recovery, one process per group, the synchronous quorum (DiLoCo
-    requires it), no durable checkpoints yet."""
+    is built for here: peer recovery, one process per group, no durable checkpoints yet. Its
+    meetings use the synchronous quorum whatever ``quorum`` says (DiLoCo requires it)."""
     c = config
     if c.fragments > 1 and c.sync != "diloco":
         raise ValueError(f"fragments: only for sync='diloco' (streaming DiLoCo), got fragments={c.fragments} "
@@ -490,7 +490,7 @@ def check_sync(config: "RunConfig") -> None:
         raise ValueError(f"sync_every: {c.sync_every} steps must divide into fragments={c.fragments} "
                          f"(each fragment syncs every sync_every/fragments steps)")
     for name, value, need in (("on_failure", c.on_failure, "peer"), ("group_size", c.group_size, 1),
-                              ("quorum", c.quorum, "sync"), ("checkpoint_every", c.checkpoint_every, None)):
+                              ("checkpoint_every", c.checkpoint_every, None)):
         if value != need:
             raise ValueError(f"{name}: sync={c.sync!r} needs {name}={need!r} here, got {value!r}")
 
