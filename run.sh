@@ -49,12 +49,17 @@ setup_names() {
   # DNS, and a lost reply costs glibc's 5 s timeout. Each quorum change connects once per group:
   # at 16 groups a lost reply in one of them held every survivor for 5 s (RESULTS.md, the
   # recovery ladder). One mapped line answers the lookup from the file.
-  local line="::ffff:127.0.0.1 localhost # monarch_nb: torch's reverse lookups"
-  grep -qE '^::ffff:127\.0\.0\.1[[:space:]]' /etc/hosts 2>/dev/null && return 0
+  # (its own name: naming it "localhost" would make "localhost" resolve to the mapped form too,
+  # and servers bound to 127.0.0.1 then refused clients that picked it)
+  local line="::ffff:127.0.0.1 localhost-v4mapped # monarch_nb: torch's reverse lookups"
+  grep -qE '^::ffff:127\.0\.0\.1[[:space:]]+localhost-v4mapped' /etc/hosts 2>/dev/null && return 0
+  if [ -w /etc/hosts ] && grep -qE '^::ffff:127\.0\.0\.1[[:space:]]' /etc/hosts; then  # an older line of ours
+    sed -i '/^::ffff:127\.0\.0\.1[[:space:]].*monarch_nb/d' /etc/hosts
+  fi
   if [ -w /etc/hosts ]; then
     printf '%s\n' "$line" >> /etc/hosts
   else
-    log "note: add '::ffff:127.0.0.1 localhost' to /etc/hosts (a quorum change otherwise waits on DNS)"
+    log "note: add '::ffff:127.0.0.1 localhost-v4mapped' to /etc/hosts (a quorum change otherwise waits on DNS)"
   fi
 }
 

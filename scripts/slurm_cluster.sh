@@ -323,7 +323,7 @@ ensure_hosts() {
     local k want kept
     # each node's name also for its IPv6-mapped form: torch looks that up on every store connect
     want=$(for ((k = 1; k <= NUM_NODES; k++)); do
-        echo "$(node_addr "$k") n$k $HOSTS_MARK"; echo "::ffff:$(node_addr "$k") n$k $HOSTS_MARK"; done)
+        echo "$(node_addr "$k") n$k $HOSTS_MARK"; echo "::ffff:$(node_addr "$k") n$k-v4mapped $HOSTS_MARK"; done)
     kept=$(hosts_without_nodes)
     [[ "$(cat /etc/hosts)" == "$kept"$'\n'"$want" ]] && return 0
     printf '%s\n%s\n' "$kept" "$want" >/etc/hosts || die "cannot write the node lines to /etc/hosts"

@@ -5,7 +5,8 @@ torch's TCPStore client looks up the name of the address it connected to, as IPv
 store again. Where no line in /etc/hosts names that form, each connect asks DNS; a lost reply
 costs the resolver's timeout (5 s with glibc), and the whole quorum waits for its slowest group:
 at 16 groups on this box the survivors of one failure stood 5 s for it (RESULTS.md, the
-recovery ladder). The run says so at its start, with the line that fixes it.
+recovery ladder). The run says so at its start, with the line that fixes it (a name of its own:
+the name "localhost" on that line would make "localhost" resolve to the mapped form as well).
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ def reverse_lookup_finding(address: str, timeout_s: float = 1.0) -> str | None:
     worker = threading.Thread(target=look, name="reverse-lookup", daemon=True)
     worker.start()
     worker.join(timeout_s)
-    name = "localhost" if address == "127.0.0.1" else "<its name>"
+    name = "localhost-v4mapped" if address == "127.0.0.1" else "<a name of its own>"
     fix = f"add the line '{form} {name}' to /etc/hosts (./run.sh setup adds the loopback one)"
     if "seconds" not in answer:
         return (f"the name of {form} did not come within {timeout_s:g} s: torch looks it up on every "

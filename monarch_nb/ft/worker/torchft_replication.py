@@ -60,8 +60,10 @@ class TorchftReplication(Replication):
         self._comms_retries = 0
         self._retry_quorum_id: int | None = None  # the quorum whose process group could not be built
         self._last_quorum_id: int | None = None
-        # the async quorum (the default) for per-step sync; LocalSGD / DiLoCo meet synchronously
-        self.asynchronous = self.cfg.get("quorum", "async") == "async" and self.cfg.get("sync", "step") == "step"
+        # the async quorum (the default) for per-step sync of one-process groups; LocalSGD / DiLoCo
+        # meet synchronously, and so do FSDP groups (a heal into shards while FSDP gathers them hung)
+        self.asynchronous = (self.cfg.get("quorum", "async") == "async" and self.cfg.get("sync", "step") == "step"
+                             and parts.group_size == 1)
         self.manager: Manager = self._build_manager()
         self.quorum_recorder = seam.record_quorums(self.manager)
         self.semi: SemiSync | None = None  # LocalSGD / DiLoCo: the groups meet every few steps
@@ -192,15 +194,20 @@ class TorchftReplication(Replication):
         if not quorum.pending:
             return quorum
         if seam.process_group_is_down(self.ft_pg) or self.manager.errored() is not None:
-            # This step did not commit; the next quorum (a new id without a dead member) builds
-            # a fresh group. A quorum that comes back the same rebuilds our Manager, as in sync.
+            # A peer died in this step's quorum, its process group or its allreduce: not our
+            # fault, and the step did not commit. Keep the process and retry; the next quorum (a
+            # new id without the dead member) builds a fresh group, and a quorum that comes back
+            # the same rebuilds our Manager first, as under the synchronous quorum.
             q = self.quorum_recorder.last
             qid = q.quorum_id if q is not None else None
-            if qid is not None and qid == self._retry_quorum_id:
-                self._new_manager()
-            self._retry_quorum_id = qid
-        else:
-            self._retry_quorum_id = None
+            same, self._retry_quorum_id = qid is not None and qid == self._retry_quorum_id, qid
+            formed = self._formed(last_commit)
+            err = self.manager.errored()
+            cause = getattr(err, "original_exception", err)
+            self._comms_retry(f"the step's cross-replica communication broke: {type(cause).__name__}: {cause}",
+                              rebuild=same, backoff=same)  # no pause unless the same quorum came back
+            return formed
+        self._retry_quorum_id, self._comms_retries = None, 0
         return self._formed(last_commit)
 
     def catch_up(self) -> None:
@@ -267,7 +274,8 @@ class TorchftReplication(Replication):
         members = [m for m in members if m is not None]
         return not members or self.replica == min(members)
 
-    def _comms_retry(self, reason: str, rebuild: bool, request_may_linger: bool = False) -> NoStep:
+    def _comms_retry(self, reason: str, rebuild: bool, request_may_linger: bool = False,
+                     backoff: bool = True) -> NoStep:
         """Cross-replica communication broke through no fault of ours (a peer died during the
         quorum or while its process group was built). Keep the process, model, optimizer and
         step, and try the next quorum. ``rebuild``: first rebuild the torchft Manager in place
@@ -280,7 +288,8 @@ class TorchftReplication(Replication):
                     "t": time.time()})
         if rebuild:  # a quorum that never formed may leave its request at the Lighthouse
             self._new_manager(after_timeout=request_may_linger)
-        time.sleep(min(0.1 * 2 ** min(self._comms_retries - 1, 5), 2.0))
+        if backoff:
+            time.sleep(min(0.1 * 2 ** min(self._comms_retries - 1, 5), 2.0))
         return NoStep({"kind": "comms_retry", "step": self.manager.current_step(), "committed": False},
                       manager_replaced=rebuild)
 
