@@ -1,4 +1,4 @@
-"""torchft's async quorum (``RunConfig(quorum="async")``, the default): the quorum forms while the step computes.
+"""torchft's async quorum (``RunConfig(quorum="async")``): the quorum forms while the step computes.
 
 What must still hold: a group that comes back heals from a peer and does not step on its stale
 weights (its gradients are left out of that step, and it takes the healed weights before its

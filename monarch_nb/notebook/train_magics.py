@@ -73,8 +73,8 @@ def add_training_commands(sub: Any) -> None:
                        help="communicator (default): a live process whose communicator broke or whose step "
                             "raised is repaired in place; process: every fault replaces the process")
     train.add_argument("--quorum", default=None, choices=list(QUORUMS),
-                       help="async (default): torchft's quorum beside each step's forward pass (a healing "
-                            "group adds no gradient to that step); sync: before it")
+                       help="sync (default): torchft's quorum before each step's forward pass; async: beside "
+                            "it (a healing group adds no gradient to that step)")
     train.add_argument("--resume", default=None, metavar="RUN_DIR",
                        help="continue a run from its newest durable checkpoint (same run id and event log)")
     train.add_argument("--resume-from", default=None, metavar="PATH",

@@ -1,8 +1,8 @@
 """The torchft side of a rank: its Manager, quorum by quorum, and what it does when a peer fails.
 
-torchft's ``Manager`` drives every step with a quorum. ``quorum="sync"``: ``start_quorum`` forms
-it, and heals a recovering group, before the forward pass. ``quorum="async"`` (the default, as in
-torchtitan): the quorum forms in torchft's thread while the step computes; a group that heals there adds zeros to that
+torchft's ``Manager`` drives every step with a quorum. ``quorum="sync"`` (the default):
+``start_quorum`` forms it, and heals a recovering group, before the forward pass. ``quorum="async"``
+(torchtitan's default; here opt-in, see RESULTS.md): the quorum forms in torchft's thread while the step computes; a group that heals there adds zeros to that
 step's average and takes the healed weights in ``should_commit`` (before its optimizer steps), and
 a donor serves its state until its own ``should_commit``, which comes after the healing group's
 allreduce - so no group steps on stale weights. Then the step averages gradients with
@@ -60,9 +60,9 @@ class TorchftReplication(Replication):
         self._comms_retries = 0
         self._retry_quorum_id: int | None = None  # the quorum whose process group could not be built
         self._last_quorum_id: int | None = None
-        # the async quorum (the default) for per-step sync of one-process groups; LocalSGD / DiLoCo
+        # the async quorum (quorum="async") for per-step sync of one-process groups; LocalSGD / DiLoCo
         # meet synchronously, and so do FSDP groups (a heal into shards while FSDP gathers them hung)
-        self.asynchronous = (self.cfg.get("quorum", "async") == "async" and self.cfg.get("sync", "step") == "step"
+        self.asynchronous = (self.cfg.get("quorum", "sync") == "async" and self.cfg.get("sync", "step") == "step"
                              and parts.group_size == 1)
         self.manager: Manager = self._build_manager()
         self.quorum_recorder = seam.record_quorums(self.manager)
