@@ -165,6 +165,29 @@ def record_quorums(manager: Any) -> QuorumRecorder:
     return recorder
 
 
+def manager_state_dict(manager: Any) -> Callable[[], Any]:
+    """The state a torchft Manager serves to a healing peer (its private ``_manager_state_dict``:
+    the user's state and torchft's own, under the Manager's read lock), as a callable: read only
+    when a peer asks."""
+    return manager._manager_state_dict
+
+
+def semi_sync_training(ft_config: Any, manager: Any, model: Any, optimizers: Any, fragment_fn: Any) -> Any:
+    """torchtitan's ``maybe_semi_sync_training`` around a torchft Manager of ours: it reads the
+    Manager from its own wrapper's private ``_manager``, so it gets a holder with just that."""
+    from types import SimpleNamespace
+
+    from torchtitan.experiments.torchft.manager import maybe_semi_sync_training
+
+    return maybe_semi_sync_training(ft_config, SimpleNamespace(_manager=manager), model, len(model.layers),
+                                    optimizers, fragment_fn=fragment_fn)
+
+
+def semi_sync_local_steps(algorithm: Any) -> int:
+    """Steps a torchft LocalSGD / DiLoCo took since its last meeting (its private counter)."""
+    return int(algorithm._local_step)
+
+
 def process_group_is_down(ft_pg: Any) -> bool:
     """A torchft ProcessGroup whose inner group was aborted and not rebuilt."""
     return getattr(ft_pg, "_pg", True) is None

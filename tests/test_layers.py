@@ -92,7 +92,8 @@ def test_no_import_loops_between_modules():
 
 
 PRIVATE = re.compile(r"monarch\._src|\._(ndslice|mesh_name|host_to_pid|mailbox|receiver|client|quorum|pg|server|"
-                     r"name_str|actor_mesh|class)\b|\.device_type\s*=(?!=)")
+                     r"name_str|actor_mesh|class|manager|manager_state_dict|local_step)\b|_manager=|"
+                     r"\.device_type\s*=(?!=)")
 
 
 def test_dependency_internals_only_in_the_seam_module():

@@ -20,6 +20,8 @@ if TYPE_CHECKING:
     import torch
     from torchft.checkpointing.transport import CheckpointTransport
 
+    from .semi_sync import SemiSync
+
 
 @dataclass(frozen=True)
 class StepQuorum:
@@ -56,6 +58,7 @@ class Replication(ABC):
     """One rank's side of cross-group data parallelism, as the train step uses it."""
 
     transport: CheckpointTransport[Any] | None = None  # what heals move state through (torchft only)
+    semi: SemiSync | None = None  # LocalSGD / DiLoCo (torchft only): the groups meet every few steps
 
     @abstractmethod
     def start(self, last_commit: tuple[int, float] | None) -> StepQuorum | NoStep | MustWait:

@@ -14,8 +14,9 @@ a group is: the meetings it committed times the period between meetings, plus it
 
 from __future__ import annotations
 
-from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
+
+from ... import seam
 
 if TYPE_CHECKING:
     from torchft import Manager
@@ -29,24 +30,29 @@ class SemiSync:
     def __init__(self, cfg: dict[str, Any], parts: RankParts, manager: Manager) -> None:
         from torchtitan.experiments.torchft.config import FaultTolerance
         from torchtitan.experiments.torchft.diloco import fragment_llm
-        from torchtitan.experiments.torchft.manager import maybe_semi_sync_training
 
         ft = FaultTolerance(enable=True, semi_sync_method=str(cfg["sync"]), sync_steps=int(cfg["sync_every"]),
                             num_fragments=int(cfg.get("fragments") or 1))
         self.manager = manager
         self.period = ft.sync_steps // ft.num_fragments  # steps between two meetings
-        model = parts.model
-        self._context = maybe_semi_sync_training(ft, SimpleNamespace(_manager=manager), model, len(model.layers),
-                                                 parts.optimizers, fragment_fn=fragment_llm)
+        self._context = seam.semi_sync_training(ft, manager, parts.model, parts.optimizers, fragment_llm)
         self.algorithm = self._context.__enter__()
+
+    def local_steps(self) -> int:
+        """Steps since the last meeting."""
+        return seam.semi_sync_local_steps(self.algorithm)
 
     def step(self) -> int:
         """The step this group is at: committed meetings x period + local steps since the last."""
-        return self.manager.current_step() * self.period + int(self.algorithm._local_step)
+        return self.manager.current_step() * self.period + self.local_steps()
+
+    def meets_next(self) -> bool:
+        """True when the coming optimizer step holds a meeting."""
+        return self.local_steps() + 1 == self.period
 
     def met(self) -> bool:
         """True right after a step whose optimizer step held a meeting (its local count restarts)."""
-        return int(self.algorithm._local_step) == 0
+        return self.local_steps() == 0
 
     def close(self) -> None:
         """Remove torchft's optimizer hooks."""

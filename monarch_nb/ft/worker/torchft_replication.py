@@ -66,8 +66,7 @@ class TorchftReplication(Replication):
                              and parts.group_size == 1)
         self.manager: Manager = self._build_manager()
         self.quorum_recorder = seam.record_quorums(self.manager)
-        self.semi: SemiSync | None = None  # LocalSGD / DiLoCo: the groups meet every few steps
-        if self.cfg.get("sync", "step") != "step":
+        if self.cfg.get("sync", "step") != "step":  # LocalSGD / DiLoCo: the groups meet every few steps
             from .semi_sync import SemiSync
 
             self.semi = SemiSync(self.cfg, parts, self.manager)
@@ -103,7 +102,7 @@ class TorchftReplication(Replication):
                             self.cfg.get("job", "local"), bool(self.cfg.get("expose")))
         self.transport: CheckpointTransport[Any] = choose_transport(
             str(self.cfg.get("heal_transport") or "striped"), heal_host, pg, timeout, device=self.parts.device,
-            serve=lambda: self.manager._manager_state_dict(), peers=self._heal_peers, replica=self.replica,
+            serve=lambda: seam.manager_state_dict(self.manager)(), peers=self._heal_peers, replica=self.replica,
             streams=int(self.cfg.get("heal_streams") or 4))
         self.heals = HealLog(self.transport, self._phase, self._emit, self.replica, self.rank)
         return torchft.Manager(
@@ -177,8 +176,8 @@ class TorchftReplication(Replication):
             return self._comms_retry(self._pg_error() or "the cross-replica process group could not be built",
                                      rebuild=same)
         self._comms_retries, self._retry_quorum_id = 0, None
-        self._offer()
-        return self._formed(last_commit)
+        self.offer()
+        return self.formed(last_commit)
 
     def _start_async(self) -> StepQuorum | NoStep:
         """torchft's async quorum: started here, formed while the step computes (``settle``)."""
@@ -187,7 +186,7 @@ class TorchftReplication(Replication):
         except Exception as exc:  # noqa: BLE001 - the quorum machinery failed: a peer's doing
             return self._comms_retry(f"the quorum failed: {type(exc).__name__}: {exc}", rebuild=True,
                                      request_may_linger=True)
-        self._offer()
+        self.offer()
         return StepQuorum(0, self._last_quorum_id, healed=False, saver=False, pending=True)
 
     def settle(self, quorum: StepQuorum, last_commit: tuple[int, float] | None) -> StepQuorum:
@@ -201,36 +200,31 @@ class TorchftReplication(Replication):
             q = self.quorum_recorder.last
             qid = q.quorum_id if q is not None else None
             same, self._retry_quorum_id = qid is not None and qid == self._retry_quorum_id, qid
-            formed = self._formed(last_commit)
+            formed = self.formed(last_commit)
             err = self.manager.errored()
             cause = getattr(err, "original_exception", err)
             self._comms_retry(f"the step's cross-replica communication broke: {type(cause).__name__}: {cause}",
                               rebuild=same, backoff=same)  # no pause unless the same quorum came back
             return formed
         self._retry_quorum_id, self._comms_retries = None, 0
-        return self._formed(last_commit)
+        return self.formed(last_commit)
 
     def catch_up(self) -> None:
         if self.asynchronous:
             self.manager.wait_quorum()
 
     def offer(self) -> None:
-        """Serve this group's state to a peer that may heal at the coming meeting (semi-sync)."""
-        self._offer()
-
-    def formed(self, last_commit: tuple[int, float] | None) -> StepQuorum:
-        """The quorum of the meeting just held (semi-sync): reported like a step's."""
-        return self._formed(last_commit)
-
-    def _offer(self) -> None:
+        """Serve this group's state to a peer that may heal at this step's quorum (the per-step
+        quorum's, or a semi-synchronous meeting's)."""
         offer = getattr(self.transport, "offer", None)
         if offer is not None and self.manager.errored() is None:
             # Any member of the quorum may serve a peer that heals at this step (a striped heal
             # fetches from all of them); torchft itself offers only on the donor it picked.
-            offer(self.manager.current_step(), self.manager._manager_state_dict)  # read only if asked
+            offer(self.manager.current_step(), seam.manager_state_dict(self.manager))  # read only if asked
 
-    def _formed(self, last_commit: tuple[int, float] | None) -> StepQuorum:
-        """The quorum this step trains in, once formed: reported (``quorum``, ``healed``)."""
+    def formed(self, last_commit: tuple[int, float] | None) -> StepQuorum:
+        """The quorum this step (or a semi-synchronous meeting) trains in, once formed: reported
+        (``quorum``, ``healed``)."""
         q = self.quorum_recorder.last
         participants = self.manager.num_participants()
         if q is not None and q.quorum_id != self._last_quorum_id:

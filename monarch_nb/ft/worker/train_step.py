@@ -23,6 +23,9 @@ from .replication import MustWait, NoStep, Replication
 if TYPE_CHECKING:
     import torch
 
+    from .semi_sync import SemiSync
+    from .torchft_replication import TorchftReplication
+
 
 @dataclass
 class _Retry:
@@ -64,10 +67,11 @@ class TrainStep:
             replication.restore_step(self._loaded_step)
 
     def current_step(self) -> int:
-        semi = getattr(self.replication, "semi", None)
-        if semi is not None:  # LocalSGD / DiLoCo: the Manager counts meetings, not steps
-            return semi.step()
-        return self.replication.current_step() if self.replication is not None else 0
+        if self.replication is None:
+            return 0
+        if self.replication.semi is not None:  # LocalSGD / DiLoCo: the Manager counts meetings, not steps
+            return self.replication.semi.step()
+        return self.replication.current_step()
 
     def run(self, fault_point: Callable[[int], None] | None = None) -> dict[str, Any]:
         """One fault-tolerant step; returns the step record (also emitted)."""
@@ -79,9 +83,8 @@ class TrainStep:
             self.load_checkpoint(path)
         repl = self.replication
         assert repl is not None, "a warm spare does not train"
-        semi = getattr(repl, "semi", None)
-        if semi is not None:
-            return self._run_semi_sync(repl, semi, fault_point, t0)
+        if repl.semi is not None:
+            return self._run_semi_sync(repl, repl.semi, fault_point, t0)
         self._phase("quorum")
         quorum = repl.start(self.last_commit)
         t_quorum = time.time()
@@ -139,7 +142,7 @@ class TrainStep:
         self._emit(rec)
         return rec
 
-    def _run_semi_sync(self, repl: Any, semi: Any, fault_point: Callable[[int], None] | None,
+    def _run_semi_sync(self, repl: TorchftReplication, semi: SemiSync, fault_point: Callable[[int], None] | None,
                        t0: float) -> dict[str, Any]:
         """One step of LocalSGD or DiLoCo (``semi_sync.py``): this group's own optimizer step,
         and every ``semi.period`` steps the meeting torchft's hook holds inside it. A group behind
@@ -148,7 +151,7 @@ class TrainStep:
         import torch
 
         step = semi.step() + 1
-        meeting = int(semi.algorithm._local_step) + 1 == semi.period
+        meeting = semi.meets_next()
         retry, _ = self._compute(step)
         if fault_point is not None:
             fault_point(step)
