@@ -58,6 +58,8 @@ fault period recovery can gain little on it (``peer_ceiling`` says how little); 
 2-core box debugmodel's restarts (all 8 rebuilding on two cores) take longer than the fault period,
 so the 8-group race, and the comparison across sizes, is the tiny model's.
   python bench/bench_goodput.py --sweep --out bench/results/goodput-sweep.json   # 10, 20, 30, 60 s
+  python bench/bench_goodput.py --groups 8:debugmodel --arms no_faults,peer,plain_restart --periods 30,300 \
+      --target-periods 2 --out bench/results/goodput_periods.json   # the crossover's measured points
 """
 
 from __future__ import annotations
@@ -289,7 +291,8 @@ def compare(a: argparse.Namespace, groups: int, model: str, period: float, cal: 
     for arm in arms:
         cfg = arm_config(arm, base, k, a.fixed_k)
         cfg = cfg.replace(run_name=f"goodput-g{groups}-{model}-{arm}-p{period:g}-{time.strftime('%H%M%S')}")
-        limit = a.arm_limit * records[0]["wall_s"] if records and records[0]["arm"] == "no_faults" else None
+        ref = records[0] if records and records[0]["arm"] == "no_faults" else None
+        limit = a.arm_limit * ref["wall_s"] * a.target / ref["target_step"] if ref else None
         rec = run_arm(arm, cfg, a, period, step_time, limit)
         records.append(rec)
         print(f"[{groups} groups, {model}, period {period:g} s] {arm:<20} {rec['wall_s']:7.1f} s to step {rec['reached_step']}, "
@@ -326,13 +329,15 @@ def derive(records: list[dict]) -> None:
             parts["steady_steps"] = (steady_step_s(r) - steady_step_s(ref)) * reached(r)
             total = r["wall_s"] - ref["wall_s"] * reached(r) / ref["target_step"]
             r["lost_s"] = {**parts, "total": total, "other": total - sum(parts.values())}
-        peer = next((r for r in same if r["arm"] == "peer"), None)
-        if peer is not None:
+        peers = [r for r in same if r["arm"] == "peer"]
+        for r in same:
             # A peer arm that lost nothing to its faults still trains at its own pace (it pays
-            # torchft's quorum every step): the most its goodput could be against each arm.
-            pace_wall = ref["wall_s"] + peer["lost_s"]["steady_steps"]
-            for r in same:  # an arm stopped short: the time it would take to the target at its rate
-                r["peer_ceiling"] = r["wall_s"] * r["target_step"] / reached(r) / pace_wall
+            # torchft's quorum every step): the most its goodput could be against each arm (the
+            # peer arm of the same fault period; an arm stopped short: its time to the target at its rate).
+            peer = next((q for q in peers if q["period_s"] == r["period_s"]), peers[0] if peers else None)
+            if peer is not None:
+                pace_wall = ref["wall_s"] * peer["target_step"] / ref["target_step"] + peer["lost_s"]["steady_steps"]
+                r["peer_ceiling"] = r["wall_s"] * peer["target_step"] / reached(r) / pace_wall
 
 
 def write(out: Path, records: list[dict], a: argparse.Namespace, argv: list[str] | None) -> None:
@@ -345,6 +350,12 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--period", type=float, default=None, help="seconds between faults (default 30)")
     p.add_argument("--sweep", action="store_true", help="periods 10, 20, 30 and 60 s")
+    p.add_argument("--periods", default=None,
+                   help="comma-separated fault periods in seconds, each a race of its own (e.g. 30,300: the "
+                        "crossover's measured points); the no_faults reference is measured once, at the first")
+    p.add_argument("--target-periods", type=float, default=None,
+                   help="instead of --target: each period's target is the step a fault-free run reaches in this "
+                        "many periods (so a long period still sees faults)")
     p.add_argument("--quick", action="store_true",
                    help="the tiny model at every size and debugmodel at the smallest too, each race as long as "
                         "60 s of fault-free training, no fixed-K, spare or no-checkpoint arm")
@@ -390,7 +401,13 @@ def main(argv: list[str] | None = None) -> int:
     if a.quick and not any(f for _, f in races):  # the heavier model where its restarts fit the period
         races = [(min(r for r, _ in races), "debugmodel")] + races
     a.races = races = [(r, f or a.model) for r, f in races]
-    if a.target is None and a.target_seconds is None:
+    if a.periods:
+        try:
+            a.periods = sorted(float(x) for x in a.periods.split(","))
+        except ValueError:
+            p.error(f"--periods: comma-separated seconds, got {a.periods!r}")
+    a.periods = a.periods or ([10.0, 20.0, 30.0, 60.0] if a.sweep else None)
+    if a.target is None and a.target_seconds is None and a.target_periods is None:
         if a.quick:
             a.target_seconds = 60.0  # two faults' worth at the default period, in every race
         else:
@@ -404,15 +421,17 @@ def main(argv: list[str] | None = None) -> int:
         if a.target_seconds:
             a.target = max(20, round(a.target_seconds / cal.step_s))
         print(f"calibration, {groups} groups, {model}: median step {cal.step_s:.3f} s, save stall {cal.save_stall_s:.3f} s, "
-              f"save cost {cal.save_cost_s:.3f} s; target step {a.target}", flush=True)
+              f"save cost {cal.save_cost_s:.3f} s" + ("" if a.target_periods else f"; target step {a.target}"), flush=True)
         reference = None
-        for period in ([10.0, 20.0, 30.0, 60.0] if a.sweep else [a.period]):
+        for period in a.periods or [a.period]:
+            if a.target_periods:
+                a.target = max(20, round(a.target_periods * period / cal.step_s))
             got = compare(a, groups, model, period, cal, reference)
             reference = got[0]  # no faults does not depend on the period: measured once
             records += got
             write(out, records, a, argv)  # after every race: a later failure keeps what was measured
     shown = [r for r in records if race(r) == races[0] and not r.get("reused")
-             and r["period_s"] in (None, a.period if not a.sweep else 30.0)]
+             and r["period_s"] in (None, (a.periods or [a.period])[0])]
     plot(shown, out)
     print()
     print(f"{'groups':>6} {'model':>10} {'period':>7} {'arm':<20} {'K':>4} {'wall s':>7} {'goodput':>8} {'tokens':>7} {'faults':>7} "

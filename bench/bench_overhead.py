@@ -5,9 +5,9 @@ For each model and group count, fault-free runs one after the other on this mach
   plain          plain torchtitan as users run it without torchft: one process group over every
                  group (``on_failure="plain_restart"``), no quorum, no should_commit
   sync           peer recovery (torchft's Manager): a quorum before each step's forward pass,
-                 gradients averaged every step (``RunConfig(quorum="sync")``)
-  async          the same with torchft's async quorum, the default (``quorum="async"``: the quorum
-                 beside the forward pass)
+                 gradients averaged every step (``RunConfig(quorum="sync")``, the default)
+  async          the same with torchft's async quorum (``quorum="async"``: the quorum beside the
+                 forward pass)
   local_sgd      semi-synchronous: each group steps alone, parameters averaged every
                  ``--sync-every`` steps (``sync="local_sgd"``)
   diloco         semi-synchronous: pseudo-gradients averaged every ``--sync-every`` steps, then

@@ -22,6 +22,8 @@ there is what the JSON says. Blocks:
                   bench/results/goodput.json (bench/bench_goodput.py --quick --groups 3,8)
   overhead        fault-free step time of each fault-tolerant setting against plain torchtitan,
                   from bench/results/overhead.json (bench/bench_overhead.py --quick)
+  crossover       goodput against the fault period, peer vs plain restart, composed from the
+                  measured races, from bench/results/crossover.json (bench/bench_crossover.py)
 
 Usage: python bench/readme_tables.py            print the blocks
        python bench/readme_tables.py --check    exit 1, with a diff, if RESULTS.md differs
@@ -44,6 +46,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import bench_crossover as crossover  # noqa: E402
 from goodput_records import race, reached  # noqa: E402
 
 
@@ -458,6 +461,45 @@ def overhead_block(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+CROSSOVER_COLUMNS = (30, 300, 1800, 3600, 28800, 86400)  # 30 s, 5 min, 30 min, 1 h, 8 h, 24 h
+
+
+def crossover_block(result: dict[str, Any]) -> str:
+    """Composed goodput per race at a few fault periods, the break-even period, the measured
+    points beside their composition, and issue 39's target."""
+    recs = result["records"]
+    races = list(dict.fromkeys((r["model"], r["groups"]) for r in recs))
+    lines = [_wrap(f"`bench/bench_crossover.py --from {','.join(result['from'])}` (composed from the measured "
+                   f"races; token goodput against the race's fault-free torchft run, peer / plain_restart):"), "",
+             "| race | " + " | ".join(crossover.label(p) for p in CROSSOVER_COLUMNS) + " | break-even |",
+             "|---|" + "---|" * (len(CROSSOVER_COLUMNS) + 1)]
+    for model, groups in races:
+        at = {r["period_s"]: r for r in recs if (r["model"], r["groups"]) == (model, groups) and not r["measured"]}
+        cells = [f"{at[p]['peer_goodput']:.2f} / {at[p]['plain_restart_goodput']:.2f}" for p in CROSSOVER_COLUMNS]
+        c = next(c for c in result["crossovers"] if (c["model"], c["groups"]) == (model, groups))
+        even = (f"{crossover.label(c['period_s'])} (peer ahead {'below' if c['peer_wins_below'] else 'above'})"
+                if c["period_s"] else f"none: {c['winner']} ahead at every period")
+        lines.append(f"| {model}, {groups} groups | " + " | ".join(cells) + f" | {even} |")
+    lines += ["", _wrap("Measured points against the composition from the race's *other* periods (a race measured "
+                        "at one period is composed from itself: not a check):"), "",
+              "| race | period | arm | faults (one every) | measured | composed | composed from |", "|---|---|---|---|---|---|---|"]
+    for r in (r for r in recs if r["measured"]):
+        for arm in crossover.ARMS:
+            if f"{arm}_goodput" in r:
+                src = ", ".join(crossover.label(p) for p in r[f"{arm}_composed_from"])
+                lines.append(f"| {r['model']}, {r['groups']} groups | {crossover.label(r['period_s'])} | {arm} "
+                             f"| {r[f'{arm}_faults']} ({r[f'{arm}_every_s']:.0f} s) | {r[f'{arm}_goodput']:.2f} "
+                             f"| {r[f'{arm}_composed']:.2f} "
+                             f"| {src}{'' if r['checked'] else ' (itself)'} |")
+    target = [r for r in recs if r["measured"] and (r["model"], r["groups"]) == ("debugmodel", 8)]
+    if target:
+        ok = all(r["peer_goodput"] >= r["plain_restart_goodput"] for r in target)
+        periods = ", ".join(crossover.label(r["period_s"]) for r in target)
+        lines += ["", f"Target: peer at or above plain_restart at every measured period for debugmodel at 8 groups "
+                      f"({periods}): {'met' if ok else '**not met**'}"]
+    return "\n".join(lines)
+
+
 def blocks() -> dict[str, str]:
     seed = json.loads((REPO / "bench/results/seed_clusters.json").read_text())
     out = {"seed_clusters": seed_block(seed)}
@@ -483,6 +525,9 @@ def blocks() -> dict[str, str]:
     overhead = REPO / "bench/results/overhead.json"
     if overhead.exists() and "vs_plain_mean" in json.loads(overhead.read_text())["records"][0]:
         out["overhead"] = overhead_block(json.loads(overhead.read_text()))
+    composed = REPO / "bench/results/crossover.json"
+    if composed.exists():
+        out["crossover"] = crossover_block(json.loads(composed.read_text()))
     links = REPO / "bench/results/heal_links.json"
     if links.exists():
         out["heal_links"] = heal_links_block(json.loads(links.read_text()))

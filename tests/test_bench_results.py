@@ -164,3 +164,36 @@ def test_a_saves_cost_is_its_stall_and_the_steps_its_write_slows():
     assert abs(cal.step_s - 0.1) < 1e-9 and cal.save_stall_s == 0.01
     assert abs(cal.save_cost_s - 0.15) < 1e-9, cal
     assert bench.calibration(steps[:12], saves[:1]).save_cost_s == 0.01  # one save: no span to measure, its stall
+
+
+def test_the_crossover_json_is_what_bench_crossover_composes_from_the_measured_races():
+    """Issue 39's crossover: composed from bench_goodput's records (a hand edit fails), every
+    race on the 30 s - 24 h grid, and debugmodel at 8 groups measured at two periods or more,
+    each measured point composed again from the race's other periods (the check)."""
+    committed = json.loads((REPO / "bench/results/crossover.json").read_text())
+    crossover = load_bench("bench_crossover")
+    assert json.loads(json.dumps(crossover.build(committed["from"]))) == committed
+    for rec in committed["records"]:
+        assert {"model", "groups", "period_s", "peer_goodput", "plain_restart_goodput", "measured"} <= set(rec), rec
+    grid = {(r["model"], r["groups"]): set() for r in committed["records"]}
+    for r in committed["records"]:
+        if not r["measured"]:
+            grid[(r["model"], r["groups"])].add(r["period_s"])
+    assert all(periods == set(map(float, crossover.GRID)) for periods in grid.values()), grid
+    measured = [r for r in committed["records"] if r["measured"] and (r["model"], r["groups"]) == ("debugmodel", 8)]
+    assert len(measured) >= 2 and all(r["checked"] for r in measured), measured
+    assert all(r["peer_composed_from"] != [r["period_s"]] for r in measured)
+
+
+def test_the_crossover_composition_and_its_break_even():
+    """goodput = pace * (1 - lost per fault / period): two arms whose break-even is known."""
+    crossover = load_bench("bench_crossover")
+    peer = {"arm": "peer", "pace": 0.9, "fixed_s": 2.0, "save_cost_s": 0.0, "step_s": 0.001, "saves": False}
+    plain = dict(peer, arm="plain_restart", pace=1.0, fixed_s=20.0)  # redoes half a step per fault
+    assert abs(crossover.compose(peer, 30.0) - 0.9 * (1 - 2 / 30)) < 1e-12
+    assert crossover.compose(plain, 10.0) == 0.0  # a fault costs more than the period: no progress
+    even = 18.2005 / 0.1  # 0.9 (1 - 2/P) = 1 - 20.0005/P
+    assert abs(crossover.crossover(peer, plain) - even) < 1e-6
+    assert crossover.crossover(peer, dict(plain, pace=0.8)) is None  # peer ahead everywhere
+    saves = dict(peer, saves=True, save_cost_s=0.5, step_s=0.1)  # K = round(sqrt(2*0.5*100)/0.1) = 100
+    assert abs(crossover.compose(saves, 100.0) - 0.9 / (1 + 0.5 / 10.0) * (1 - 2 / 100)) < 1e-12
