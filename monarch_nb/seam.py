@@ -172,6 +172,13 @@ def manager_state_dict(manager: Any) -> Callable[[], Any]:
     return manager._manager_state_dict
 
 
+def commit_failures(manager: Any) -> int:
+    """How many steps in a row a torchft Manager failed to commit (its private
+    ``_commit_failures``): sent with its next quorum request, where a count above zero makes
+    the Lighthouse give that quorum a new id, so every member builds a fresh process group."""
+    return int(manager._commit_failures)
+
+
 def semi_sync_training(ft_config: Any, manager: Any, model: Any, optimizers: Any, fragment_fn: Any) -> Any:
     """torchtitan's ``maybe_semi_sync_training`` around a torchft Manager of ours: it reads the
     Manager from its own wrapper's private ``_manager``, so it gets a holder with just that."""

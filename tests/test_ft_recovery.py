@@ -19,6 +19,7 @@ from monarch_nb.telemetry.events import (
     FaultInjected,
     HealCorrupt,
     Healed,
+    Quorum,
     Rejoined,
     Repaired,
     ReplicasIdentical,
@@ -273,3 +274,18 @@ def test_each_fault_is_one_notice_naming_the_fault_then_the_action(ft, kind, vic
 def test_a_stop_is_not_reported_as_a_failure(ft):
     run = ft[0]
     assert len(run.notices) == run.notices_before_stop, [n.reason for n in run.notices[run.notices_before_stop:]]
+
+
+def test_a_comms_victim_stays_in_the_quorum_and_needs_no_heal(ft):
+    """Rung communicator through torchft's own error path: the victim keeps its Manager (and
+    replica id), the failed step's commit failure gives the next quorum a new id, and every
+    quorum from the fault to its return has all three groups: nobody reconfigured without it,
+    and it never fell behind, so nothing was healed."""
+    run = ft[0]
+    out = _outcome(ft, "comms")
+    (repaired,) = _between(run, Repaired, out.since, out.rejoined.t, replica=out.victim)
+    assert repaired.kept_member is True, repaired
+    quorums = [e for e in run.events.events(Quorum) if out.since <= e.t <= out.rejoined.t]
+    assert quorums and all(sorted(q.participants) == [0, 1, 2] for q in quorums), \
+        [(q.replica, q.quorum_id, q.participants) for q in quorums]
+    assert not _between(run, Healed, out.since, out.rejoined.t, replica=out.victim)

@@ -437,13 +437,17 @@ class RungEscalated(Event):
 class Repaired(Event):
     """A stalled group was repaired in its own processes (rung communicator or step): a new
     cross-replica communicator, the broken step dropped; model, optimizer and step kept.
-    ``seconds``: the repair itself; the group rejoins at its next committed step."""
+    ``seconds``: the repair itself; the group rejoins at its next committed step.
+    ``kept_member``: it stayed a quorum member throughout (after a failed collective torchft's
+    own error path gives the next quorum a new id and rebuilds the group), so the others never
+    reconfigured without it and it needed no heal."""
 
     kind: ClassVar[str] = "repaired"
     replica: int
     cause: str
     seconds: float
     step: int
+    kept_member: bool | None = None  # stayed in the quorum throughout (torchft's own error path rebuilt the group)
 
 
 @dataclass(frozen=True, kw_only=True)

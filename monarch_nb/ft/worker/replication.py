@@ -99,10 +99,13 @@ class Replication(ABC):
     def abort(self) -> None:
         """Drop this rank's cross-group connections now (a failed collective, the comms fault)."""
 
-    def reset(self) -> None:
+    def reset(self, failed_collective: bool = False) -> bool:
         """Rung ``communicator``: replace this rank's cross-group communicator in place, keeping
-        the process, model, optimizer and step; the next quorum builds a fresh one. Raises when
-        this side cannot (the ladder then replaces the process)."""
+        the process, model, optimizer and step; the next quorum builds a fresh one.
+        ``failed_collective``: the step broke in its collective (the comms fault), so the step
+        was not committed. Returns True when the group stayed a member of the quorum throughout
+        (the others never dropped it). Raises when this side cannot (the ladder then replaces
+        the process)."""
         raise RuntimeError(f"{type(self).__name__} cannot rebuild its communicator in place")
 
     @abstractmethod

@@ -60,6 +60,7 @@ class TorchftReplication(Replication):
         self._comms_retries = 0
         self._retry_quorum_id: int | None = None  # the quorum whose process group could not be built
         self._last_quorum_id: int | None = None
+        self._left = False  # the Manager was shut down (no heartbeat): a reset builds a new one
         # the async quorum (quorum="async") for per-step sync of one-process groups; LocalSGD / DiLoCo
         # meet synchronously, and so do FSDP groups (a heal into shards while FSDP gathers them hung)
         self.asynchronous = (self.cfg.get("quorum", "sync") == "async" and self.cfg.get("sync", "step") == "step"
@@ -141,6 +142,7 @@ class TorchftReplication(Replication):
             except Exception:  # noqa: BLE001
                 pass
         self.manager = self._build_manager()
+        self._left = False
         self.manager.load_state_dict(state)
         self.quorum_recorder = seam.record_quorums(self.manager)
         self._last_quorum_id = None
@@ -312,16 +314,25 @@ class TorchftReplication(Replication):
     def abort(self) -> None:
         self.ft_pg.abort()
 
-    def reset(self) -> None:
-        """A new Manager and process group with this replica's step (``_new_manager``): its new
-        replica id makes the next quorum a new one, so every member builds a fresh group."""
+    def reset(self, failed_collective: bool = False) -> bool:
+        """A fresh process group at the next quorum, this replica's step kept. After a failed
+        collective torchft's own error path does it: the Manager counted a commit failure, the
+        Lighthouse gives the next quorum a new id for it, and torchft reconfigures the group -
+        with us still a member (the same replica id, heartbeating throughout), so the others
+        neither drop us nor take us back one quorum later, and nobody heals. Otherwise (a step
+        that raised before its commit) a new Manager: its new replica id makes the next quorum a
+        new one."""
         if self.semi is not None:  # LocalSGD / DiLoCo hold the Manager in their optimizer hooks
             raise RuntimeError("an in-place communicator reset is not built for semi-synchronous training "
                                f"(sync={self.cfg.get('sync')!r}): the process is replaced")
-        self._new_manager()
+        kept = failed_collective and not self._left and seam.commit_failures(self.manager) > 0
+        if not kept:
+            self._new_manager()
         self._comms_retries, self._retry_quorum_id = 0, None
+        return kept
 
     def shutdown(self) -> None:
+        self._left = True
         if self.semi is not None:
             self.semi.close()
         try:

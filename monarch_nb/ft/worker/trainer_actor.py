@@ -30,6 +30,10 @@ from .fault_firing import fire
 # A group that reported ``failed`` is torn down by the controller within a poll interval;
 # should the controller be gone, the process ends itself after this long.
 _SELF_EXIT_AFTER_FAILURE_S = 120.0
+# A group whose collective failed stays a quorum member (heartbeating) this long while it waits
+# for its repair, so the others wait for it in the Lighthouse rather than reconfigure without it
+# and again with it; a repair that takes longer (a stuck communicator) lets them go on without it.
+_MEMBER_WAIT_S = 1.0
 
 
 class TrainerActor(Actor):
@@ -53,6 +57,7 @@ class TrainerActor(Actor):
         self._failure: str | None = None
         self._cause: str | None = None  # why a stalled rank stalled: "comms" or "exception"
         self._repaired = threading.Event()
+        self._repairing = False  # a repair is deciding whether our Manager stays (_stall)
         self._stuck_s = 0.0  # a stuck comms fault: a repair here hangs this long (faults.Fault.stuck)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -124,27 +129,41 @@ class TrainerActor(Actor):
         threading.Thread(target=_last_resort, name="monarch_nb-self-exit", daemon=True).start()
 
     def _stall(self, cause: str, reason: str) -> bool:
-        """Stop training, alive: leave the quorum (peers fail fast and train on), report
-        ``stalled`` and wait for :meth:`repair`. True once repaired; False on stop (or, with
-        no controller left, the process ends itself)."""
+        """Stop training, alive: our connections dropped (peers blocked on us fail at once),
+        report ``stalled`` and wait for :meth:`repair`. After a failed collective (``comms``) we
+        stay a quorum member for up to _MEMBER_WAIT_S, so a prompt repair rejoins the very next
+        quorum; otherwise, or after that, we leave it (no heartbeat: the next quorum does not
+        wait for us). True once repaired; False on stop (or, with no controller left, the
+        process ends itself)."""
         with self._lock:
             self._state, self._failure, self._cause = "stalled", reason, cause
             self._repaired.clear()
+            self._repairing = False
         try:
             self.trainer.abort_comms()
         except Exception:
             pass
-        if self.trainer.replication is not None:
-            self.trainer.replication.shutdown()  # no heartbeat: the next quorum does not wait for us
+        member = cause == "comms"
+        if not member:
+            self._leave_quorum()
         self._emit({"kind": "stalled", "replica": self.replica, "rank": self.rank, "cause": cause,
                     "reason": reason, "step": self.trainer.current_step(), "t": time.time()})
-        deadline = time.monotonic() + _SELF_EXIT_AFTER_FAILURE_S
+        start = time.monotonic()
         while not self._repaired.wait(0.1):
             if self._stop.is_set():
                 return False
-            if time.monotonic() > deadline:
+            if member and time.monotonic() - start > _MEMBER_WAIT_S:
+                with self._lock:  # not while a repair is deciding whether to keep our Manager
+                    member = self._repairing
+                if not member:
+                    self._leave_quorum()
+            if time.monotonic() - start > _SELF_EXIT_AFTER_FAILURE_S:
                 os._exit(70)
         return True
+
+    def _leave_quorum(self) -> None:
+        if self.trainer.replication is not None:
+            self.trainer.replication.shutdown()
 
     def _loop(self) -> None:
         self._state = "training"
@@ -282,11 +301,14 @@ class TrainerActor(Actor):
         t0 = time.time()
         if self._stuck_s:  # the stuck comms fault: this process cannot rebuild its communicator
             time.sleep(self._stuck_s)
-        self.trainer.repair()
+        with self._lock:
+            self._repairing = True
+        _, kept = self.trainer.repair()
         with self._lock:
             cause, self._state, self._failure, self._cause = self._cause, "training", None, None
         self._emit({"kind": "repaired", "replica": self.replica, "rank": self.rank, "cause": cause,
-                    "seconds": time.time() - t0, "step": self.trainer.current_step(), "t": time.time()})
+                    "seconds": time.time() - t0, "step": self.trainer.current_step(), "kept_member": kept,
+                    "t": time.time()})
         self._repaired.set()
         return time.time() - t0
 
