@@ -277,14 +277,15 @@ def test_a_stop_is_not_reported_as_a_failure(ft):
 
 
 def test_a_comms_victim_stays_in_the_quorum_and_needs_no_heal(ft):
-    """Rung communicator through torchft's own error path: the victim keeps its Manager (and
-    replica id), the failed step's commit failure gives the next quorum a new id, and every
-    quorum from the fault to its return has all three groups: nobody reconfigured without it,
-    and it never fell behind, so nothing was healed."""
+    """Rung communicator through torchft's own error path: the victim rebuilds its communicator
+    at once (before the controller's poll), keeping its Manager (and replica id); the failed
+    step's commit failure gives the next quorum a new id, and every quorum from the fault to its
+    return has all three groups: nobody reconfigured without it, and it never fell behind, so
+    nothing was healed. The controller still recorded the rung (test above) and collected it."""
     run = ft[0]
     out = _outcome(ft, "comms")
     (repaired,) = _between(run, Repaired, out.since, out.rejoined.t, replica=out.victim)
-    assert repaired.kept_member is True, repaired
+    assert repaired.kept_member is True and repaired.at_once is True, repaired
     quorums = [e for e in run.events.events(Quorum) if out.since <= e.t <= out.rejoined.t]
     assert quorums and all(sorted(q.participants) == [0, 1, 2] for q in quorums), \
         [(q.replica, q.quorum_id, q.participants) for q in quorums]

@@ -448,6 +448,7 @@ class Repaired(Event):
     seconds: float
     step: int
     kept_member: bool | None = None  # stayed in the quorum throughout (torchft's own error path rebuilt the group)
+    at_once: bool | None = None  # the worker rebuilt it before the controller saw the stall (ladder.communicator_at_once)
 
 
 @dataclass(frozen=True, kw_only=True)

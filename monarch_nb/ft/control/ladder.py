@@ -3,10 +3,10 @@
 =============  ==========================================  ==========================================
 rung           fixes                                       how
 =============  ==========================================  ==========================================
-communicator   a live process whose cross-replica          in place: a new communicator (torchft
-               communicator broke (the ``comms`` fault)    Manager and process group); the next
-                                                           quorum builds a fresh group, a heal
-                                                           follows only if the peers moved on
+communicator   a live process whose cross-replica          in place, at once (the worker does it,
+               communicator broke (the ``comms`` fault)    :func:`communicator_at_once`): torchft's
+                                                           error path, still a quorum member; the
+                                                           next quorum rebuilds the group with it
 step           a live process whose step raised            in place: the step dropped, a new
                (the ``exception`` fault)                   communicator, the same step again
 process        a dead or hung process (kill, segfault,     a warm spare, else fresh processes;
@@ -45,6 +45,15 @@ def lowest_rung(config: RunConfig) -> str:
     """``config.lowest_rung``, except under LocalSGD / DiLoCo: torchft's optimizer hooks hold the
     Manager there, so a communicator is not rebuilt in place and every fault replaces the process."""
     return config.lowest_rung if config.sync == "step" else "process"
+
+
+def communicator_at_once(config: RunConfig) -> bool:
+    """Whether a worker whose own collective failed rebuilds its communicator at once, before
+    this controller has seen the stall: exactly when a ``comms`` fault enters at
+    ``communicator`` (:func:`entry_rung`). The controller still climbs the ladder from the
+    stall it sees (its repair call collects the rebuild, or escalates), and the others' next
+    quorum waits for the rebuild alone, not for the next poll."""
+    return config.on_failure == "peer" and lowest_rung(config) == "communicator" and config.group_size == 1
 
 
 def entry_rung(failure: Failure, lowest: str, group_size: int, allocation_gone: bool) -> str:

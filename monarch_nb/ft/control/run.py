@@ -38,6 +38,7 @@ from .finish import FinishWatch
 from .groups import GAVE_UP, RETIRED, STARTING, STOPPED, TRAINING, GroupTable, ReplicaGroup
 from .identity import IdentityChecks
 from .injector import FaultInjector
+from .ladder import communicator_at_once
 from .lighthouse import Lighthouse
 from .opening import claim_checkpoint_folder, new_run, resume_point, resumed_run
 from .placement import placement_for
@@ -276,7 +277,8 @@ class FTRun:
         and no Lighthouse until it is activated)."""
         worker_cfg = {**self.config.to_dict(), "respawn": None, "run_id": self.run_id,
                       "checkpoint_dir": str(self.checkpoint_dir),
-                      "advertise_host": self.config.advertise_host or self.placement.advertise_host}
+                      "advertise_host": self.config.advertise_host or self.placement.advertise_host,
+                      "communicator_at_once": communicator_at_once(self.config)}
         if g is None:
             return (worker_cfg, None, None, store_port, self.data_dir, self.fault_log, 0)
         return (worker_cfg, g.index, self._coordinator.address(g), store_port, self.data_dir, self.fault_log,

@@ -164,7 +164,7 @@ class EventIngest:
                              step=int(ev.get("step", 0)))
         elif kind == "repaired" and rank == 0:
             yield Repaired(t=t, replica=replica, cause=str(ev.get("cause") or ""), seconds=float(ev.get("seconds", 0.0)),
-                           step=int(ev.get("step", 0)), kept_member=ev.get("kept_member"))
+                           step=int(ev.get("step", 0)), kept_member=ev.get("kept_member"), at_once=ev.get("at_once"))
         elif kind == "quorum_timeout" and rank == 0:
             yield QuorumTimedOut(t=t, replica=replica, error=str(ev.get("error", "")))
         elif kind == "hashes":

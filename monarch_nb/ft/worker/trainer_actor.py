@@ -26,14 +26,11 @@ from monarch.actor import Actor, current_rank, endpoint
 
 from ..spec.faults import FaultKind, record_firing, refuse_corrupt_unless_striped
 from .fault_firing import fire
+from .own_repair import OwnRepair
 
 # A group that reported ``failed`` is torn down by the controller within a poll interval;
 # should the controller be gone, the process ends itself after this long.
 _SELF_EXIT_AFTER_FAILURE_S = 120.0
-# A group whose collective failed stays a quorum member (heartbeating) this long while it waits
-# for its repair, so the others wait for it in the Lighthouse rather than reconfigure without it
-# and again with it; a repair that takes longer (a stuck communicator) lets them go on without it.
-_MEMBER_WAIT_S = 1.0
 
 
 class TrainerActor(Actor):
@@ -57,7 +54,9 @@ class TrainerActor(Actor):
         self._failure: str | None = None
         self._cause: str | None = None  # why a stalled rank stalled: "comms" or "exception"
         self._repaired = threading.Event()
-        self._repairing = False  # a repair is deciding whether our Manager stays (_stall)
+        # the ladder lets us rebuild our own communicator at once (ladder.communicator_at_once)
+        self._at_once = bool(cfg.get("communicator_at_once"))
+        self._own: OwnRepair | None = None  # a rebuild done here, not yet collected by the controller
         self._stuck_s = 0.0  # a stuck comms fault: a repair here hangs this long (faults.Fault.stuck)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -130,36 +129,41 @@ class TrainerActor(Actor):
 
     def _stall(self, cause: str, reason: str) -> bool:
         """Stop training, alive: our connections dropped (peers blocked on us fail at once),
-        report ``stalled`` and wait for :meth:`repair`. After a failed collective (``comms``) we
-        stay a quorum member for up to _MEMBER_WAIT_S, so a prompt repair rejoins the very next
-        quorum; otherwise, or after that, we leave it (no heartbeat: the next quorum does not
-        wait for us). True once repaired; False on stop (or, with no controller left, the
-        process ends itself)."""
+        ``stalled`` reported. Our own failed collective (``comms``) is rebuilt at once if the
+        ladder allows; else we leave the quorum (the next does not wait for us) and wait for
+        :meth:`repair`. True once repaired; False on stop (no controller left: we exit)."""
         with self._lock:
             self._state, self._failure, self._cause = "stalled", reason, cause
             self._repaired.clear()
-            self._repairing = False
         try:
             self.trainer.abort_comms()
         except Exception:
             pass
-        member = cause == "comms"
-        if not member:
-            self._leave_quorum()
         self._emit({"kind": "stalled", "replica": self.replica, "rank": self.rank, "cause": cause,
                     "reason": reason, "step": self.trainer.current_step(), "t": time.time()})
-        start = time.monotonic()
+        if cause == "comms" and self._at_once and self._rebuild_at_once(reason):
+            return not self._stop.is_set()
+        self._leave_quorum()
+        deadline = time.monotonic() + _SELF_EXIT_AFTER_FAILURE_S
         while not self._repaired.wait(0.1):
             if self._stop.is_set():
                 return False
-            if member and time.monotonic() - start > _MEMBER_WAIT_S:
-                with self._lock:  # not while a repair is deciding whether to keep our Manager
-                    member = self._repairing
-                if not member:
-                    self._leave_quorum()
-            if time.monotonic() - start > _SELF_EXIT_AFTER_FAILURE_S:
+            if time.monotonic() > deadline:
                 os._exit(70)
         return True
+
+    def _rebuild_at_once(self, reason: str) -> bool:
+        """Rung ``communicator`` now, as a quorum member (own_repair.py); False if it raised:
+        the controller's repair call then reports it and the ladder escalates."""
+        own = OwnRepair(reason)
+        with self._lock:
+            self._own = own
+        rebuilt = own.rebuild(self.trainer.repair, self._leave_quorum, self._stop, self._stuck_s)
+        if rebuilt:
+            with self._lock:
+                self._state, self._failure, self._cause = "training", None, None
+        own.done.set()
+        return rebuilt
 
     def _leave_quorum(self) -> None:
         if self.trainer.replication is not None:
@@ -285,8 +289,9 @@ class TrainerActor(Actor):
                 while self._events and self._events[0][0] <= upto:
                     self._events.popleft()
                 events = list(self._events)
-            state, failure = self._state, self._failure
-            cause = self._cause
+            state, failure, cause = self._state, self._failure, self._cause
+            if self._own is not None:  # rebuilt here, not collected yet: the ladder must still see it
+                state, failure, cause = "stalled", self._own.reason, "comms"
         return {"replica": self.replica, "rank": self.rank, "state": state, "failure": failure, "cause": cause,
                 "step": self.trainer.current_step(), "events": [e for _, e in events],
                 "first_seq": events[0][0] if events else None, "pid": os.getpid()}
@@ -295,22 +300,28 @@ class TrainerActor(Actor):
     def repair(self) -> float:
         """The ladder's in-process rungs (``communicator``, ``step``): a stalled rank gets a new
         cross-replica communicator, drops the step that broke, and trains on with its model,
-        optimizer and step (healing at the next quorum if its peers moved on). Returns seconds."""
+        optimizer and step (healing at the next quorum if its peers moved on). Returns seconds.
+        A communicator this process rebuilt at once (:meth:`_rebuild_at_once`) is collected
+        instead: this waits for it (the controller bounds the call) and reports it."""
+        with self._lock:  # our state says "stalled" until a rebuild here is over
+            own, self._own = self._own, None
+        if own is not None:
+            return self._repaired_report("comms", own.collected(), own.kept_member, at_once=True)
         if self._state != "stalled":
             raise RuntimeError(f"repair: replica {self.replica} rank {self.rank} is {self._state}, not stalled")
         t0 = time.time()
         if self._stuck_s:  # the stuck comms fault: this process cannot rebuild its communicator
             time.sleep(self._stuck_s)
-        with self._lock:
-            self._repairing = True
         _, kept = self.trainer.repair()
         with self._lock:
             cause, self._state, self._failure, self._cause = self._cause, "training", None, None
-        self._emit({"kind": "repaired", "replica": self.replica, "rank": self.rank, "cause": cause,
-                    "seconds": time.time() - t0, "step": self.trainer.current_step(), "kept_member": kept,
-                    "t": time.time()})
         self._repaired.set()
-        return time.time() - t0
+        return self._repaired_report(cause, time.time() - t0, kept, at_once=False)
+
+    def _repaired_report(self, cause: str | None, seconds: float, kept: bool, at_once: bool) -> float:
+        self._emit({"kind": "repaired", "replica": self.replica, "rank": self.rank, "cause": cause, "seconds": seconds,
+                    "step": self.trainer.current_step(), "kept_member": kept, "at_once": at_once, "t": time.time()})
+        return seconds
 
     @endpoint
     def inject(self, kind: str, at_step: int | None = None, hang_s: float = 30.0, during: str | None = None,
