@@ -22,6 +22,10 @@ Per race (model, groups) and arm (peer, restart, plain_restart):
   redo(P)    the steps a restart throws away: on average half an interval, K(P) s / 2; a peer
              heals to the current step and redoes none
 
+``peer_async`` (composed only, never raced): peer's parts with its pace scaled by the fault-free
+step of the synchronous over the async quorum (bench_overhead.py, same model and size): what
+taking the quorum off the step would change, where plain restart's lead is the per-step cost.
+
 The check: every measured point is composed again from the parts fitted on the race's *other*
 periods (``composed_from``), so the composition is tested on a period it did not see; a race
 measured at one period only is composed from that run (``checked: false``).
@@ -34,7 +38,7 @@ JSON (``--out``): ``{"records": [{"model", "groups", "period_s", "peer_goodput",
 
 Usage:
   python bench/bench_crossover.py --from bench/results/goodput.json,bench/results/goodput_periods.json \\
-      --out bench/results/crossover.json
+      --overhead bench/results/overhead.json --out bench/results/crossover.json
 """
 
 from __future__ import annotations
@@ -72,7 +76,7 @@ def saving(save_cost: float, period: float, step: float, saves: bool) -> float:
 
 
 def redo_s(arm: str, save_cost: float, period: float, step: float) -> float:
-    return 0.0 if arm == "peer" else young_daly_k(save_cost, period, step) * step / 2
+    return 0.0 if arm.startswith("peer") else young_daly_k(save_cost, period, step) * step / 2
 
 
 def fixed_cost(record: dict, reference: dict) -> float:
@@ -135,19 +139,33 @@ def load(paths: list[str]) -> list[dict]:
     return out
 
 
-def build(paths: list[str]) -> dict[str, Any]:
+def with_async(parts: dict, overhead: list[dict], model: str, groups: int) -> dict | None:
+    """Peer with torchft's async quorum, composed only: peer's measured parts, its pace scaled
+    by the fault-free step of ``quorum="sync"`` over ``"async"`` from bench_overhead.py at the
+    same model and size (None where that was not measured)."""
+    step = {r["mode"]: r["step_s_median"] for r in overhead if (r["model"], r["groups"]) == (model, groups)}
+    if "sync" not in step or "async" not in step:
+        return None
+    return dict(parts, arm="peer_async", pace=parts["pace"] * step["sync"] / step["async"])
+
+
+def build(paths: list[str], overhead_path: str | None = None) -> dict[str, Any]:
     measured = load(paths)
+    overhead = json.loads((REPO / overhead_path).read_text())["records"] if overhead_path else []
     records, all_parts, crossings = [], [], []
     for key in dict.fromkeys(race(r) for r in measured):
         same = [r for r in measured if race(r) == key]
         reference = next(r for r in same if r["arm"] == "no_faults")
         runs = {arm: [r for r in same if r["arm"] == arm] for arm in ARMS if any(r["arm"] == arm for r in same)}
         parts = {arm: fit(rs, reference) for arm, rs in runs.items()}
+        quick = with_async(parts["peer"], overhead, key[1], key[0]) if "peer" in parts else None
+        if quick is not None:
+            parts["peer_async"] = quick
         all_parts += [dict(p, model=key[1], groups=key[0]) for p in parts.values()]
         base = {"model": key[1], "groups": key[0]}
         for period in sorted({r["period_s"] for rs in runs.values() for r in rs}):
             rec = dict(base, period_s=period, measured=True)
-            for arm, rs in runs.items():
+            for arm, rs in runs.items():  # measured arms only (peer_async is composed)
                 run = next((r for r in rs if r["period_s"] == period), None)
                 if run is None:
                     continue
@@ -172,7 +190,13 @@ def build(paths: list[str]) -> dict[str, Any]:
                                   peer_at_24h=compose(parts["peer"], GRID[-1]),
                                   plain_restart_at_24h=compose(parts["plain_restart"], GRID[-1]),
                                   peer_wins_at_24h=long_))
-    return {"records": records, "parts": all_parts, "crossovers": crossings, "from": paths}
+            if "peer_async" in parts:
+                ahead = compose(parts["peer_async"], GRID[0]) >= compose(parts["plain_restart"], GRID[0])
+                at = crossover(parts["peer_async"], parts["plain_restart"])
+                crossings[-1].update(async_period_s=at, async_wins_below=ahead if at else None,
+                                     async_winner=None if at else ("peer_async" if ahead else "plain_restart"))
+    return {"records": records, "parts": all_parts, "crossovers": crossings, "from": paths,
+            "overhead_from": overhead_path}
 
 
 def label(period: float) -> str:
@@ -182,7 +206,7 @@ def label(period: float) -> str:
 def plot(result: dict[str, Any], path: Path) -> None:
     from matplotlib.figure import Figure
 
-    colours = {"peer": "#0072B2", "restart": "#D55E00", "plain_restart": "#CC79A7"}
+    colours = {"peer": "#0072B2", "peer_async": "#56B4E9", "restart": "#D55E00", "plain_restart": "#CC79A7"}
     races = list(dict.fromkeys((r["groups"], r["model"]) for r in result["records"]))
     cols = 2
     rows = math.ceil(len(races) / cols)
@@ -194,10 +218,12 @@ def plot(result: dict[str, Any], path: Path) -> None:
             curve = [(r["period_s"], r[f"{arm}_goodput"]) for r in same if not r["measured"] and f"{arm}_goodput" in r]
             if not curve:
                 continue
-            ax.plot([p for p, _ in curve], [g for _, g in curve], color=colour, lw=1.4, label=f"{arm} (composed)")
+            ax.plot([p for p, _ in curve], [g for _, g in curve], color=colour, lw=1.4,
+                    ls="--" if arm == "peer_async" else "-", label=f"{arm} (composed)")
             points = [(r[f"{arm}_every_s"], r[f"{arm}_goodput"]) for r in same if r["measured"] and f"{arm}_goodput" in r]
-            ax.plot([p for p, _ in points], [g for _, g in points], "o", color=colour, ms=6,
-                    label=f"{arm} (measured)")
+            if points:
+                ax.plot([p for p, _ in points], [g for _, g in points], "o", color=colour, ms=6,
+                        label=f"{arm} (measured)")
         ax.set_xscale("log")
         ticks = [30, 300, 3600, 8 * 3600, 86400]
         ax.set_xticks(ticks, [label(t) for t in ticks])
@@ -217,13 +243,15 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--from", dest="sources", default="bench/results/goodput.json,bench/results/goodput_periods.json",
                    help="comma-separated bench_goodput.py JSON files, relative to the repository")
+    p.add_argument("--overhead", default="bench/results/overhead.json",
+                   help="bench_overhead.py's JSON, for the composed peer_async line ('' for none)")
     p.add_argument("--out", required=True)
     a = p.parse_args(argv)
     paths = [x.strip() for x in a.sources.split(",") if x.strip()]
-    missing = [x for x in paths if not (REPO / x).exists()]
+    missing = [x for x in paths + ([a.overhead] if a.overhead else []) if not (REPO / x).exists()]
     if missing:
         p.error(f"--from: no such file {', '.join(missing)}; write it with bench/bench_goodput.py first")
-    result = build(paths)
+    result = build(paths, a.overhead or None)
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1) + "\n")
@@ -231,6 +259,9 @@ def main(argv: list[str] | None = None) -> int:
     for c in result["crossovers"]:
         where = (f"break even at {label(c['period_s'])}: peer ahead {'below' if c['peer_wins_below'] else 'above'} it"
                  if c["period_s"] else f"{c['winner']} ahead at every period from 30 s to 24 h")
+        if "async_period_s" in c:
+            where += "; with the async quorum: " + (f"break even at {label(c['async_period_s'])}" if c["async_period_s"]
+                                                     else f"{c['async_winner']} ahead at every period")
         print(f"{c['model']}, {c['groups']} groups: {where}")
     for r in result["records"]:
         if r["measured"]:

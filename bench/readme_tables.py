@@ -469,17 +469,25 @@ def crossover_block(result: dict[str, Any]) -> str:
     points beside their composition, and issue 39's target."""
     recs = result["records"]
     races = list(dict.fromkeys((r["model"], r["groups"]) for r in recs))
-    lines = [_wrap(f"`bench/bench_crossover.py --from {','.join(result['from'])}` (composed from the measured "
-                   f"races; token goodput against the race's fault-free torchft run, peer / plain_restart):"), "",
-             "| race | " + " | ".join(crossover.label(p) for p in CROSSOVER_COLUMNS) + " | break-even |",
-             "|---|" + "---|" * (len(CROSSOVER_COLUMNS) + 1)]
+    also = f" --overhead {result['overhead_from']}" if result.get("overhead_from") else ""
+    lines = [_wrap(f"`bench/bench_crossover.py --from {','.join(result['from'])}{also}` (composed from the "
+                   f"measured races; token goodput against the race's fault-free torchft run, peer / plain_restart):"), "",
+             "| race | " + " | ".join(crossover.label(p) for p in CROSSOVER_COLUMNS)
+             + " | break-even | with the async quorum (composed) |",
+             "|---|" + "---|" * (len(CROSSOVER_COLUMNS) + 2)]
+
+    def even(at: float | None, below: bool | None, winner: str | None) -> str:
+        if at:
+            return f"{crossover.label(at)} (peer ahead {'below' if below else 'above'})"
+        return f"none: {winner} ahead at every period"
+
     for model, groups in races:
         at = {r["period_s"]: r for r in recs if (r["model"], r["groups"]) == (model, groups) and not r["measured"]}
         cells = [f"{at[p]['peer_goodput']:.2f} / {at[p]['plain_restart_goodput']:.2f}" for p in CROSSOVER_COLUMNS]
         c = next(c for c in result["crossovers"] if (c["model"], c["groups"]) == (model, groups))
-        even = (f"{crossover.label(c['period_s'])} (peer ahead {'below' if c['peer_wins_below'] else 'above'})"
-                if c["period_s"] else f"none: {c['winner']} ahead at every period")
-        lines.append(f"| {model}, {groups} groups | " + " | ".join(cells) + f" | {even} |")
+        quick = even(c["async_period_s"], c["async_wins_below"], c["async_winner"]) if "async_period_s" in c else "-"
+        lines.append(f"| {model}, {groups} groups | " + " | ".join(cells)
+                     + f" | {even(c['period_s'], c['peer_wins_below'], c['winner'])} | {quick} |")
     lines += ["", _wrap("Measured points against the composition from the race's *other* periods (a race measured "
                         "at one period is composed from itself: not a check):"), "",
               "| race | period | arm | faults (one every) | measured | composed | composed from |", "|---|---|---|---|---|---|---|"]
