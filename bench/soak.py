@@ -354,6 +354,7 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps({k: v for k, v in report.items() if k not in ("shots", "identity", "rss_mb", "notice_texts")},
                      indent=1))
     if a.out:
+        Path(a.out).parent.mkdir(parents=True, exist_ok=True)
         Path(a.out).write_text(json.dumps(report, indent=1))
     return 0 if report["final_identical"] and not alive and report["gave_up"] == 0 else 1
 
