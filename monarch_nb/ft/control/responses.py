@@ -106,6 +106,13 @@ class RestartResponse(FailureResponse):
         means.report(g, failure)
         means.emit(RungStarted(replica=g.index, rung="checkpoint", reason=f"on_failure={self.name!r}: "
                                                                         f"{failure.reason}"[:300]))
+        # What the others committed until now goes into the log before they are torn down: a
+        # restart redoes the steps the log shows since the checkpoint, and a teardown used to
+        # take the last poll's worth of them along (a restart then "lost" none it threw away).
+        try:
+            means.at_once([h for h in groups if h is not g], lambda h: means.poll(h, 1.0), "drain")
+        except Exception:  # noqa: BLE001 - a group that cannot answer has nothing more to give
+            pass
         means.teardown_all(groups, g)
         last = means.last_recorded_step()  # read once no group trains: a poll in flight has landed
         checkpoint = latest_complete(means.checkpoint_dir) if means.checkpoint_dir else None
