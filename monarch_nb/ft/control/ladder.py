@@ -53,7 +53,13 @@ def communicator_at_once(config: RunConfig) -> bool:
     ``communicator`` (:func:`entry_rung`). The controller still climbs the ladder from the
     stall it sees (its repair call collects the rebuild, or escalates), and the others' next
     quorum waits for the rebuild alone, not for the next poll."""
-    return config.on_failure == "peer" and lowest_rung(config) == "communicator" and config.group_size == 1
+    return config.on_failure == "peer" and repairs_in_place(lowest_rung(config), config.group_size)
+
+
+def repairs_in_place(lowest: str, group_size: int) -> bool:
+    """The in-place rungs are open: the ladder may start below ``process``, and a group is one
+    process (a group of several ranks is replaced together)."""
+    return lowest == "communicator" and group_size == 1
 
 
 def entry_rung(failure: Failure, lowest: str, group_size: int, allocation_gone: bool) -> str:
@@ -63,7 +69,7 @@ def entry_rung(failure: Failure, lowest: str, group_size: int, allocation_gone: 
     if allocation_gone:
         return "hosts"
     rung = IN_PLACE_CAUSES.get(failure.cause or "")
-    if rung is not None and lowest == "communicator" and group_size == 1:
+    if rung is not None and repairs_in_place(lowest, group_size):
         return rung
     return "process"
 

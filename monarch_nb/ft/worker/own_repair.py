@@ -26,7 +26,7 @@ class OwnRepair:
     kept_member: bool = False
     error: str | None = None
 
-    def rebuild(self, repair: Callable[[], tuple[float, bool]], leave_quorum: Callable[[], None],
+    def rebuild(self, repair: Callable[[], bool], leave_quorum: Callable[[], None],
                 stop: threading.Event, stuck_s: float) -> bool:
         """``repair`` (the trainer's) now; a stuck communicator (``stuck_s``, the fault's
         ``stuck``) hangs first, leaving the quorum after MEMBER_WAIT_S. False if it raised."""
@@ -36,7 +36,7 @@ class OwnRepair:
                 leave_quorum()
                 member = False
         try:
-            _, self.kept_member = repair()
+            self.kept_member = repair()
         except Exception as e:  # noqa: BLE001 - reported through the controller's repair call
             self.error = f"{type(e).__name__}: {e}"
         self.seconds = time.monotonic() - t0

@@ -169,10 +169,10 @@ class ReplicaTrainer:
         """The ``comms`` fault: this group's cross-replica communicator is dead until replaced."""
         self.steps.abort_comms()
 
-    def repair(self) -> tuple[float, bool]:
+    def repair(self) -> bool:
         """A new cross-replica communicator in this process, the broken step dropped (the
-        ladder's ``communicator`` and ``step`` rungs); returns seconds and whether the group
-        stayed a quorum member throughout."""
+        ladder's ``communicator`` and ``step`` rungs); returns whether the group stayed a quorum
+        member throughout."""
         return self.steps.repair()
 
     def shutdown(self, save_timeout: float | None = None) -> None:

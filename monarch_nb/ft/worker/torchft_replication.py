@@ -2,10 +2,11 @@
 
 torchft's ``Manager`` drives every step with a quorum. ``quorum="sync"`` (the default):
 ``start_quorum`` forms it, and heals a recovering group, before the forward pass. ``quorum="async"``
-(torchtitan's default; here opt-in, see RESULTS.md): the quorum forms in torchft's thread while the step computes; a group that heals there adds zeros to that
-step's average and takes the healed weights in ``should_commit`` (before its optimizer steps), and
-a donor serves its state until its own ``should_commit``, which comes after the healing group's
-allreduce - so no group steps on stale weights. Then the step averages gradients with
+(torchtitan's default; here opt-in, see RESULTS.md): the quorum forms in torchft's thread while
+the step computes; a group that heals there adds zeros to that step's average and takes the
+healed weights in ``should_commit`` (before its optimizer steps), and a donor serves its state
+until its own ``should_commit``, which comes after the healing group's allreduce - so no group
+steps on stale weights. Then the step averages gradients with
 ``Manager.allreduce`` and asks ``should_commit``. This module owns the Manager and what is
 around it: the cross-replica process group, the heal transport (``heal_choice.py``), the quorum
 recorder (reported as ``quorum`` and ``healed`` events), and the answers to failures that are a

@@ -261,18 +261,17 @@ class TrainStep:
         self._comms_dead = True
         self._abort()
 
-    def repair(self) -> tuple[float, bool]:
+    def repair(self) -> bool:
         """Rungs ``communicator`` and ``step``, in this process: a new communicator (the next
         quorum builds its group; a heal follows only if the peers moved on), and nothing kept
         from the step that broke (its gradients, a retry). Model, optimizer and step stay.
-        Returns the seconds it took and whether the group stayed a quorum member throughout;
-        raises when the replication cannot (plain_restart)."""
+        Returns whether the group stayed a quorum member throughout; raises when the
+        replication cannot (plain_restart)."""
         assert self.replication is not None, "a warm spare has no communicator"
-        t0 = time.time()
         self._abort()  # whatever is left of the old one: peers blocked on us fail at once
         kept = self.replication.reset(failed_collective=self._comms_dead)
         self._comms_dead, self._retry = False, None
-        return time.time() - t0, kept
+        return kept
 
     def _abort(self) -> None:
         try:

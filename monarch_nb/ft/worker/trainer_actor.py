@@ -312,7 +312,7 @@ class TrainerActor(Actor):
         t0 = time.time()
         if self._stuck_s:  # the stuck comms fault: this process cannot rebuild its communicator
             time.sleep(self._stuck_s)
-        _, kept = self.trainer.repair()
+        kept = self.trainer.repair()
         with self._lock:
             cause, self._state, self._failure, self._cause = self._cause, "training", None, None
         self._repaired.set()
