@@ -72,7 +72,8 @@ def record(rec, label: str, transport: str, median_step: float | None) -> dict:
     return {
         "run": label, "kind": rec.fault, "spare": rec.acquired_how == "spare", "transport": transport,
         "acquired_how": rec.acquired_how, "victim": rec.replica, "seconds_since_failure": rec.total_s,
-        **{f"{name}_s": phases[name] for name in PHASES},
+        "rung": rec.rung,  # an in-place repair has no teardown/acquire/build, a replacement no repair: None
+        **{f"{name}_s": phases.get(name) for name in PHASES},
         "survivor_stall_steps": rec.survivor_stall_steps, "survivor_stall_s": rec.survivor_stall_s,
         "heal_MB": rec.heal_bytes / 1e6 if rec.heal_bytes else None, "heal_transfer_s": rec.heal_s,
         "heal_GBps": (rec.heal_bytes / rec.heal_s / 1e9) if rec.heal_bytes and rec.heal_s else None,
