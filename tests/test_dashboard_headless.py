@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import base64
 import json
-import os
 import re
 from pathlib import Path
 
@@ -136,24 +135,3 @@ def test_a_displayed_dashboard_leaves_a_static_copy_of_the_final_state_in_its_ou
     assert base64.b64decode(png).startswith(b"\x89PNG")
     plain = _text(data, "text/plain")
     assert plain.startswith("monarch_nb dashboard of run synthetic (stopped)") and "VBox" not in plain
-
-
-@pytest.mark.slow
-def test_dashboard_notebook_with_a_real_run_executes_headless_to_a_readable_artifact(monkeypatch):
-    """notebooks/03_dashboard.ipynb, headless=True: a real FTRun, a kill, recovery, stop."""
-    from monarch_nb.execute import execute_notebook
-
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
-    out = REPO / "test-artifacts" / "03_dashboard.executed.ipynb"
-    out.parent.mkdir(exist_ok=True)
-    execute_notebook(REPO / "notebooks" / "03_dashboard.ipynb", params={"replicas": 2, "headless": True},
-                     output=out, timeout=600)
-    nb = json.loads(out.read_text())
-    health = [v for v in _html_values(nb) if "class='mnb-health'" in v][-1]
-    assert "data-state='stopped'" in health and health.count("mnb-cell ") == 2
-    timeline = [v for v in _html_values(nb) if "mnb-recoveries" in v][-1]
-    assert "data-replica='1' data-status='recovered'" in timeline
-    outputs = nb["cells"][-1]["outputs"]
-    assert any("image/png" in o.get("data", {}) for o in outputs)
-    html = "".join("".join(o["data"]["text/html"]) for o in outputs if "text/html" in o.get("data", {}))
-    assert "data-status='recovered'" in html and "mnb-health-table" in html

@@ -71,6 +71,17 @@ def test_shipped_notebook_runs_headless(notebook):
         assert "injected-parameters" in tags[index + 1] and "procs = 3" in executed.cells[index + 1].source
         status = next(c for c in executed.cells if c.source.startswith("%monarch status"))
         assert "mesh main (gpus=3)" in status.outputs[0]["data"]["text/plain"]
+    if notebook.name == "03_dashboard.ipynb":  # headless=True: a real run, a kill, its recovery, a stop
+        widgets = executed.metadata["widgets"]["application/vnd.jupyter.widget-state+json"]["state"]
+        values = [m["state"].get("value", "") for m in widgets.values() if m["model_name"] == "HTMLModel"]
+        health = [v for v in values if "class='mnb-health'" in v][-1]
+        assert "data-state='stopped'" in health and health.count("mnb-cell ") == 2
+        timeline = [v for v in values if "mnb-recoveries" in v][-1]
+        assert "data-replica='1' data-status='recovered'" in timeline
+        outputs = executed.cells[-1].outputs  # the static copy a viewer without a kernel sees
+        assert any("image/png" in o.get("data", {}) for o in outputs)
+        html = "".join("".join(o["data"]["text/html"]) for o in outputs if "text/html" in o.get("data", {}))
+        assert "data-status='recovered'" in html and "mnb-health-table" in html
     if notebook.name == "02_fault_tolerant_training.ipynb":  # `%monarch dashboard`, then `%monarch stop` cells later
         (shown,) = [o for c in executed.cells if c.cell_type == "code" and c.source == "%monarch dashboard"
                     for o in c.outputs]

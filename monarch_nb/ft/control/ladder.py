@@ -198,7 +198,8 @@ class Ladder:
     def action(self, cause: str | None = None) -> str:
         """What happens after a failure of this ``cause``, as its notice says it."""
         spare = " (a warm spare if one is ready)" if self.means.spares is not None else ""
-        if IN_PLACE_CAUSES.get(cause or "") and lowest_rung(self.means.config) == "communicator":
+        config = self.means.config
+        if IN_PLACE_CAUSES.get(cause or "") and repairs_in_place(lowest_rung(config), config.group_size):
             return ("its communicator is rebuilt in place (model, optimizer and step kept); if that fails, "
                     f"its group is replaced{spare}")
         return f"its group is torn down and replaced{spare}; the replacement heals from a live peer"
