@@ -200,6 +200,17 @@ def process_group_is_down(ft_pg: Any) -> bool:
     return getattr(ft_pg, "_pg", True) is None
 
 
+def set_collective_timeout(ft_pg: Any, timeout: timedelta) -> None:
+    """Set the collective timeout of the gloo group inside a torchft ``ProcessGroupGloo``, once
+    built: torchft builds it with one timeout for connecting and for collectives (what torch's
+    own ``_set_pg_timeout`` does, on torchft's inner group)."""
+    import torch
+
+    inner = getattr(ft_pg, "_pg", None)
+    if inner is not None:
+        inner._get_backend(torch.device("cpu"))._set_default_timeout(timeout)
+
+
 def http_transport_port(transport: Any) -> int:
     """The port torchft's ``HTTPTransport`` checkpoint server listens on."""
     return int(transport._server.socket.getsockname()[1])

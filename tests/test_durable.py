@@ -133,8 +133,10 @@ def test_restart_mode_restarts_every_group_from_disk(tmp_path, on_failure):
         # kill inside step 5k+3, so that there are steps to redo that the event log holds: step
         # 5k+2 was committed but its event may go with the teardown of every group (the restart
         # counts what the log shows: Supervisor.last_recorded_step), step 5k+1's is in the log;
-        # a kill inside 5k+1 would leave nothing to redo (seen in the fresh-clone CI, twice)
-        target = max(e.step for e in run.history().steps()) + 2
+        # a kill inside 5k+1 would leave nothing to redo (seen in the fresh-clone CI, twice).
+        # The log lags the workers by a poll or two and the arming call takes a moment: a target
+        # 2 steps ahead was passed before it was armed (then the kill fires steps later).
+        target = max(e.step for e in run.history().steps()) + 6
         while target % 5 != 3:
             target += 1
         before = {g.index: list(g.pids) for g in run.groups}

@@ -103,6 +103,14 @@ def test_a_survivor_whose_quorum_broke_retries_instead_of_failing(overlapping):
     # Whoever was building the quorum's group with the lost peer retried (with a rebuilt
     # Manager) rather than failing; no retry was ever turned into a failure of replica 0.
     assert retries, "a group whose process-group setup lost a peer records a comms_retry"
+    # a peer killed in its process-group setup never connects: the others find out within the
+    # connect window (a quarter of pg_timeout_s), not a whole pg_timeout_s (10 s before)
+    window = run.config.pg_timeout_s / 4
+    for line in open(run.fault_log):
+        fired = json.loads(line)
+        if fired.get("during") == "pg_setup" and fired["fault"] == "kill" and fired["t"] <= cells["end"]:
+            first = min(e.t for e in retries if e.t >= fired["t"])
+            assert first - fired["t"] < window + 2.0, (first - fired["t"], window)
     assert not [e for e in run.events.events(FailureDetected) if e.replica == 0 and e.t <= cells["end"]]
     assert_gone(run.spawned_pids + [run.lighthouse_pid], timeout=20)
 

@@ -44,7 +44,11 @@ from monarch_nb.ft import FTRun, RunConfig
 from monarch_nb.jobs import local_cluster
 from monarch_nb.telemetry.events import Healed
 
-run = FTRun(RunConfig(replicas=2, job="slurm", heal_interface=sys.argv[1] or None, runs_root=sys.argv[2]))
+# quorum="sync": the heal is done before the next forward pass, so no training traffic (which
+# goes over mnb0) falls between the kill and the Healed event this window is measured over; under
+# the async quorum the healed group's first allreduce runs beside its heal
+run = FTRun(RunConfig(replicas=2, job="slurm", heal_interface=sys.argv[1] or None, runs_root=sys.argv[2],
+                      quorum="sync"))
 try:
     run.start()
     run.wait_for_step(3, timeout=180)

@@ -164,8 +164,9 @@ class RunConfig:
             host, stretched by processes per core (at most 8x): survivors starved of CPU come to
             the next quorum late, and one left out must heal from a peer.
         quorum_tick_ms: how often the Lighthouse re-evaluates the quorum (default 20).
-        pg_timeout_s: cross-replica collectives give up after this (default 10 s); the group's
-            own FSDP process group gets 6 x this.
+        pg_timeout_s: cross-replica collectives give up after this (default 10 s); a quorum's new
+            gloo group must connect within a quarter of it (a member that died as the quorum
+            formed is found that fast); the group's own FSDP process group gets 6 x this.
         quorum_timeout_s: how long a group waits for a quorum (default 10), then asks again
             with a fresh torchft Manager that keeps its step (a lost Lighthouse, restarted).
         heal_transport: how a recovering group gets a live peer's state: "striped" (default:
@@ -204,7 +205,8 @@ class RunConfig:
             in place), or "process" (every fault replaces the process, as before the ladder).
         repair_timeout_s: an in-place repair must bring its group back (a committed step)
             within this, else the ladder replaces the process (default 20).
-        quorum: torchft's quorum per step: "sync" (default: before the forward pass) or "async" (beside it).
+        quorum: torchft's quorum per step: "async" (default, torchtitan's: beside the forward pass) or
+            "sync" (before it; when a step must not start before its quorum, see RESULTS.md).
         sync: "step" (default: gradients averaged every step), "local_sgd" or "diloco" (torchft's,
             via torchtitan): each group trains alone and the groups meet every ``sync_every`` steps.
         sync_every: steps between meetings (torchtitan's ``sync_steps``; default 20).
@@ -284,7 +286,7 @@ class RunConfig:
     resume_from: str | None = None  # a new run starts from another run's checkpoint (named, recorded)
     lowest_rung: str = "communicator"  # the ladder's lowest rung; "process": replace every failed process
     repair_timeout_s: float = 20.0  # an in-place repair brings its group back within this, else escalates
-    quorum: str = "sync"  # torchft's per-step quorum: before the forward pass, or "async" beside it
+    quorum: str = "async"  # torchft's per-step quorum: beside the forward pass, or "sync" before it
     sync: str = "step"  # "local_sgd" / "diloco": semi-synchronous, the groups meet every sync_every steps
     sync_every: int = 20  # torchtitan's sync_steps
     fragments: int = 1  # torchtitan's num_fragments (diloco)

@@ -62,6 +62,7 @@ class TorchftReplication(Replication):
         self._retry_quorum_id: int | None = None  # the quorum whose process group could not be built
         self._last_quorum_id: int | None = None
         self._left = False  # the Manager was shut down (no heartbeat): a reset builds a new one
+        self._quorum_failure: BaseException | None = None  # this step's async quorum failed (settle answers)
         # the async quorum (quorum="async") for per-step sync of one-process groups; LocalSGD / DiLoCo
         # meet synchronously, and so do FSDP groups (a heal into shards while FSDP gathers them hung)
         self.asynchronous = (self.cfg.get("quorum", "sync") == "async" and self.cfg.get("sync", "step") == "step"
@@ -86,11 +87,21 @@ class TorchftReplication(Replication):
         else:
             pg = torchft.ProcessGroupGloo(timeout=timeout)
         configure = pg.configure
+        connect = timeout / 4 if self.parts.platform.backend != "nccl" else timeout
 
         def configure_in_phase(store_addr: str, replica_id: str, rank: int, world_size: int,
                                *args: Any, **kwargs: Any) -> Any:  # the quorum's process group is built
             self._phase("pg_setup")
-            out = configure(store_addr, replica_id, rank, world_size, *args, **kwargs)
+            # Connect within a quarter of the collective timeout: a member that died as the quorum
+            # formed (under the async quorum, in the forward pass beside this build) never
+            # connects, and the others find out in that time, not in a whole pg_timeout_s.
+            pg.set_timeout(connect)
+            try:
+                out = configure(store_addr, replica_id, rank, world_size, *args, **kwargs)
+            finally:
+                pg.set_timeout(timeout)
+            if connect != timeout:
+                seam.set_collective_timeout(pg, timeout)
             self._heal_peers.join(store_addr, rank, world_size)
             return out
 
@@ -156,14 +167,7 @@ class TorchftReplication(Replication):
         try:
             self.manager.start_quorum()
         except TimeoutError as exc:
-            # No quorum in quorum_timeout_s: the Lighthouse is gone (a request in flight to a
-            # Lighthouse that died never completes) or too few groups are alive. Not this
-            # group's failure: report it and ask again - a restarted Lighthouse answers.
-            self._emit({"kind": "quorum_timeout", "replica": self.replica, "rank": self.rank,
-                        "error": str(exc)[:200], "t": time.time()})
-            self._new_manager(after_timeout=True)
-            return NoStep({"kind": "quorum_timeout", "step": self.manager.current_step(), "committed": False},
-                          manager_replaced=True)
+            return self._quorum_timed_out(exc)
         except Exception as exc:  # noqa: BLE001 - the quorum machinery failed: a peer's doing
             return self._comms_retry(f"the quorum failed: {type(exc).__name__}: {exc}", rebuild=True,
                                      request_may_linger=True)
@@ -182,6 +186,26 @@ class TorchftReplication(Replication):
         self.offer()
         return self.formed(last_commit)
 
+    def _quorum_timed_out(self, exc: BaseException) -> NoStep:
+        """No quorum in quorum_timeout_s: the Lighthouse is gone (a request in flight to a
+        Lighthouse that died never completes) or too few groups are alive. Not this group's
+        failure: report it and ask again with a new Manager - a restarted Lighthouse answers."""
+        self._emit({"kind": "quorum_timeout", "replica": self.replica, "rank": self.rank,
+                    "error": str(exc)[:200], "t": time.time()})
+        self._new_manager(after_timeout=True)
+        return NoStep({"kind": "quorum_timeout", "step": self.manager.current_step(), "committed": False},
+                      manager_replaced=True)
+
+    def _await_quorum(self) -> None:
+        """Wait for this step's async quorum. Its own failure (a timeout: the Lighthouse is gone)
+        is torchft's error for the step, answered in :meth:`settle` as the sync quorum answers it."""
+        if self._quorum_failure is None:
+            try:
+                self.manager.wait_quorum()
+            except Exception as exc:  # noqa: BLE001 - the quorum machinery failed: not our fault
+                self._quorum_failure = exc
+                self.manager.report_error(exc)
+
     def _start_async(self) -> StepQuorum | NoStep:
         """torchft's async quorum: started here, formed while the step computes (``settle``)."""
         try:
@@ -195,6 +219,14 @@ class TorchftReplication(Replication):
     def settle(self, quorum: StepQuorum, last_commit: tuple[int, float] | None) -> StepQuorum:
         if not quorum.pending:
             return quorum
+        failure, self._quorum_failure = self._quorum_failure, None
+        if failure is not None:  # the quorum itself failed (the step did not commit)
+            if isinstance(failure, TimeoutError):
+                self._quorum_timed_out(failure)
+            else:
+                self._comms_retry(f"the quorum failed: {type(failure).__name__}: {failure}", rebuild=True,
+                                  request_may_linger=True)
+            return StepQuorum(0, self._last_quorum_id, healed=False, saver=False)
         if seam.process_group_is_down(self.ft_pg) or self.manager.errored() is not None:
             # A peer died in this step's quorum, its process group or its allreduce: not our
             # fault, and the step did not commit. Keep the process and retry; the next quorum (a
@@ -214,7 +246,7 @@ class TorchftReplication(Replication):
 
     def catch_up(self) -> None:
         if self.asynchronous:
-            self.manager.wait_quorum()
+            self._await_quorum()
 
     def offer(self) -> None:
         """Serve this group's state to a peer that may heal at this step's quorum (the per-step
@@ -304,12 +336,16 @@ class TorchftReplication(Replication):
         self.manager.load_state_dict({"step": step, "batches_committed": 0})
 
     def allreduce(self, tensor: torch.Tensor) -> Waitable:
+        if self.asynchronous:
+            self._await_quorum()  # failed: torchft's allreduce of an errored step does nothing
         return self.manager.allreduce(tensor)
 
     def errored(self) -> BaseException | None:
         return self.manager.errored()
 
     def should_commit(self) -> bool:
+        if self._quorum_failure is not None:  # no quorum formed (torchft's own would raise it again)
+            return False
         return self.manager.should_commit()
 
     def abort(self) -> None:

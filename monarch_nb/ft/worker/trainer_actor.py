@@ -207,9 +207,8 @@ class TrainerActor(Actor):
             self._fail(f"exception: {type(e).__name__}: {e}")
 
     def _report_hashes(self, step: int) -> None:
-        """Digests for an armed step just committed; an armed step this group never committed
-        (it healed past it: dropped from a quorum on a busy host) is reported skipped, so the
-        check it belongs to compares the groups that did commit it instead of waiting forever."""
+        """Digests for an armed step just committed; an armed step this group never committed (it
+        healed past it) is reported skipped: its check compares the groups that did commit it."""
         with self._lock:
             want = step in self._hash_steps
             skipped = sorted(s for s in self._hash_steps if s < step)
@@ -276,10 +275,9 @@ class TrainerActor(Actor):
     @endpoint
     def poll(self, acked: dict[int, int] | None = None) -> dict[str, Any]:
         """State and the events since the last poll. With ``acked`` (group rank -> the last
-        sequence number the controller holds) events are dropped only once acknowledged and sent
-        again until then: a poll answered after the controller stopped waiting for it (32 groups
-        on two cores) used to take its events with it (heals and digests went missing). Without,
-        every event is sent once (a spare's build, a retiring group)."""
+        sequence number the controller holds) events are dropped once acknowledged, sent again
+        until then (a poll answered after the controller stopped waiting for it took its events
+        with it, at 32 groups). Without, every event is sent once (a spare's build, retiring)."""
         with self._lock:
             if acked is None:
                 events = list(self._events)
@@ -344,11 +342,13 @@ class TrainerActor(Actor):
     @endpoint
     def hash_at(self, step: int) -> bool:
         """Emit a ``hashes`` event after committing ``step``; False if it is already past."""
-        if self.trainer.current_step() >= step:
-            return False
-        with self._lock:
+        with self._lock:  # armed first, then the step read: a commit in between is still reported
             self._hash_steps.add(step)
-        return True
+        if self.trainer.current_step() < step:
+            return True
+        with self._lock:
+            self._hash_steps.discard(step)
+        return False
 
     @endpoint
     def hashes(self) -> dict[str, Any]:
