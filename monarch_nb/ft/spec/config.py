@@ -205,8 +205,8 @@ class RunConfig:
             in place), or "process" (every fault replaces the process, as before the ladder).
         repair_timeout_s: an in-place repair must bring its group back (a committed step)
             within this, else the ladder replaces the process (default 20).
-        quorum: torchft's quorum per step: "async" (default, torchtitan's: beside the forward pass) or
-            "sync" (before it; when a step must not start before its quorum, see RESULTS.md).
+        quorum: torchft's quorum per step: "sync" (default: before the forward pass) or "async"
+            (torchtitan's default: beside it; measured no faster on a 2-core box, see RESULTS.md).
         sync: "step" (default: gradients averaged every step), "local_sgd" or "diloco" (torchft's,
             via torchtitan): each group trains alone and the groups meet every ``sync_every`` steps.
         sync_every: steps between meetings (torchtitan's ``sync_steps``; default 20).
@@ -286,7 +286,7 @@ class RunConfig:
     resume_from: str | None = None  # a new run starts from another run's checkpoint (named, recorded)
     lowest_rung: str = "communicator"  # the ladder's lowest rung; "process": replace every failed process
     repair_timeout_s: float = 20.0  # an in-place repair brings its group back within this, else escalates
-    quorum: str = "async"  # torchft's per-step quorum: beside the forward pass, or "sync" before it
+    quorum: str = "sync"  # torchft's per-step quorum: before the forward pass, or "async" beside it
     sync: str = "step"  # "local_sgd" / "diloco": semi-synchronous, the groups meet every sync_every steps
     sync_every: int = 20  # torchtitan's sync_steps
     fragments: int = 1  # torchtitan's num_fragments (diloco)
