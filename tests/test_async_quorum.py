@@ -3,26 +3,38 @@
 What must still hold: a group that comes back heals from a peer and does not step on its stale
 weights (its gradients are left out of that step, and it takes the healed weights before its
 optimizer steps) - so every group is bit-identical after the heal; the recovery ladder repairs a
-``comms`` fault in place as under the synchronous quorum. One run (R=3, tiny) on real processes
-and a real Lighthouse.
+``comms`` fault in place as under the synchronous quorum; a lost Lighthouse costs no group its
+process (the quorum's own timeout is answered as under the synchronous quorum). One run (R=3,
+tiny) on real processes and a real Lighthouse.
 """
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 
 import pytest
 
 from monarch_nb.ft import FTRun, RunConfig
-from monarch_nb.telemetry.events import Healed, Rejoined, ReplicasIdentical, RungStarted, Step
+from monarch_nb.telemetry.events import (
+    FailureDetected,
+    Healed,
+    QuorumTimedOut,
+    Rejoined,
+    ReplicasIdentical,
+    Respawned,
+    RungStarted,
+    Step,
+)
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
 def async_run(tmp_path_factory):
-    run = FTRun(RunConfig(replicas=3, quorum="async", runs_root=str(tmp_path_factory.mktemp("async")),
-                          run_name="async-quorum"))
+    run = FTRun(RunConfig(replicas=3, quorum="async", quorum_timeout_s=5.0,
+                          runs_root=str(tmp_path_factory.mktemp("async")), run_name="async-quorum"))
     seen: dict[str, object] = {}
     try:
         run.start()
@@ -34,6 +46,12 @@ def async_run(tmp_path_factory):
                                     timeout=180, since=since)
             same = run.wait_for(lambda e, t=rejoined.t: isinstance(e, ReplicasIdentical) and e.t >= t, timeout=120)
             seen[kind] = (since, rejoined, same)
+        since = time.time()  # the Lighthouse killed: every group's async quorum times out
+        os.kill(run.lighthouse_pid, signal.SIGKILL)
+        run.wait_for(lambda e: e.kind == "lighthouse_restarted", timeout=30, since=since)
+        last = max(e.step for e in run.events.events(Step) if e.committed)
+        run.wait_for(lambda e: isinstance(e, Step) and e.committed and e.step > last + 2, timeout=120, since=since)
+        seen["lighthouse"] = since
     finally:
         run.stop()
     return run, seen
@@ -66,3 +84,13 @@ def test_async_quorum_step_records_say_where_the_step_went(async_run):
     assert steps and all(e.quorum_s is not None and e.average_s is not None and e.commit_s is not None
                          for e in steps)
     assert run.config.quorum == "async" and run.history().summary()["loss_end"] < run.history().summary()["loss_start"]
+
+
+def test_async_quorum_a_lost_lighthouse_replaces_no_process(async_run):
+    """The async quorum's own timeout (torchft raises it from the step's wait for the quorum) is
+    not a failure of the group: a new Manager asks the restarted Lighthouse, as under the sync quorum."""
+    run, seen = async_run
+    since = seen["lighthouse"]
+    assert [e for e in run.events.events(QuorumTimedOut) if e.t >= since], "the groups' quorums timed out"
+    for kind in (FailureDetected, RungStarted, Respawned):
+        assert not [e for e in run.events.events(kind) if e.t >= since], kind.__name__
