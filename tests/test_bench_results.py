@@ -197,3 +197,18 @@ def test_the_crossover_composition_and_its_break_even():
     assert crossover.crossover(peer, dict(plain, pace=0.8)) is None  # peer ahead everywhere
     saves = dict(peer, saves=True, save_cost_s=0.5, step_s=0.1)  # K = round(sqrt(2*0.5*100)/0.1) = 100
     assert abs(crossover.compose(saves, 100.0) - 0.9 / (1 + 0.5 / 10.0) * (1 - 2 / 100)) < 1e-12
+
+
+def test_the_build_profile_keeps_the_heaviest_torch_and_torchtitan_imports():
+    heaviest = load_bench("build_profile").heaviest
+    stderr = "\n".join([
+        "import time: self [us] | cumulative | imported package",
+        "import time:       500 |       1200 |   json",
+        "import time:      2000 |     400000 |     torch._dynamo",
+        "import time:     21000 |    1000000 | torch",
+        "import time:       300 |    1020000 | torchtitan.models.common.attention",
+        "W1205 a warning line from a C++ library",
+    ])
+    got = heaviest(stderr, top=2)
+    assert got == [{"module": "torchtitan.models.common.attention", "cumulative_s": 1.02},
+                   {"module": "torch", "cumulative_s": 1.0}]
