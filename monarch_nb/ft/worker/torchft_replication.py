@@ -206,8 +206,23 @@ class TorchftReplication(Replication):
                 self._quorum_failure = exc
                 self.manager.report_error(exc)
 
+    def _answer_quorum_failure(self) -> NoStep | None:
+        """The async quorum's own failure, if one is pending, answered as the sync quorum answers
+        it: a timeout with a new Manager, anything else with a retry."""
+        failure, self._quorum_failure = self._quorum_failure, None
+        if failure is None:
+            return None
+        if isinstance(failure, TimeoutError):
+            return self._quorum_timed_out(failure)
+        return self._comms_retry(f"the quorum failed: {type(failure).__name__}: {failure}", rebuild=True,
+                                 request_may_linger=True)
+
     def _start_async(self) -> StepQuorum | NoStep:
-        """torchft's async quorum: started here, formed while the step computes (``settle``)."""
+        """torchft's async quorum: started here, formed while the step computes (``settle``). A
+        failure seen while catching up (a step that then waited instead of settling) is answered first."""
+        answered = self._answer_quorum_failure()
+        if answered is not None:
+            return answered
         try:
             self.manager.start_quorum()
         except Exception as exc:  # noqa: BLE001 - the quorum machinery failed: a peer's doing
@@ -219,13 +234,7 @@ class TorchftReplication(Replication):
     def settle(self, quorum: StepQuorum, last_commit: tuple[int, float] | None) -> StepQuorum:
         if not quorum.pending:
             return quorum
-        failure, self._quorum_failure = self._quorum_failure, None
-        if failure is not None:  # the quorum itself failed (the step did not commit)
-            if isinstance(failure, TimeoutError):
-                self._quorum_timed_out(failure)
-            else:
-                self._comms_retry(f"the quorum failed: {type(failure).__name__}: {failure}", rebuild=True,
-                                  request_may_linger=True)
+        if self._answer_quorum_failure() is not None:  # the quorum itself failed (the step did not commit)
             return StepQuorum(0, self._last_quorum_id, healed=False, saver=False)
         if seam.process_group_is_down(self.ft_pg) or self.manager.errored() is not None:
             # A peer died in this step's quorum, its process group or its allreduce: not our
