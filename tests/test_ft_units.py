@@ -926,3 +926,16 @@ def test_status_names_the_rung_a_recovering_group_is_on():
     assert ">rung</th>" in html and "communicator" in html
     table.set_state(g, TRAINING)
     assert table.status()[1]["rung"] is None  # back: nothing to say about a rung while it trains
+
+
+def test_a_semi_sync_meeting_that_heals_a_group_commits_its_step_after_a_failed_meeting_rolled_the_run_back():
+    """The DiLoCo flake: the run reported step 60, a meeting failed (the groups went back to 50), a
+    new process started with min_step=60 and healed at the meeting repeated at 60; its step 60
+    was recorded uncommitted and it "rejoined" at 61, off the meeting."""
+    from monarch_nb.ft.worker.train_step import floor_after_meeting
+
+    floor = floor_after_meeting(60, 60, synced=True)
+    assert 60 > floor and 61 > floor  # the healed step counts, and the one after
+    assert floor_after_meeting(60, 57, synced=None) == 60  # between meetings: still provisional
+    assert floor_after_meeting(60, 7, synced=False) == 60  # a failed meeting heals nobody
+    assert floor_after_meeting(0, 60, synced=True) == 0  # a group never behind stays unbounded

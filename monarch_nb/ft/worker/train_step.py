@@ -27,6 +27,14 @@ if TYPE_CHECKING:
     from .torchft_replication import TorchftReplication
 
 
+def floor_after_meeting(min_step: int, step: int, synced: bool | None) -> int:
+    """``min_step`` after a semi-synchronous step. A meeting that moved the count leaves the group
+    holding the groups' agreed parameters at ``step``: it has caught up, even where the run had
+    reported more - a failed meeting puts its groups back at the meeting before (torchft's DiLoCo
+    restores the parameters) and they count those steps again, below the most they reported."""
+    return min(min_step, step - 1) if synced else min_step
+
+
 @dataclass
 class _Retry:
     """A computed step whose gradient average failed: what a retry needs to skip the compute."""
@@ -170,6 +178,7 @@ class TrainStep:
             quorum = repl.formed(self.last_commit)
             if synced:
                 step = semi.step()
+        self.min_step = floor_after_meeting(self.min_step, step, synced)
         committed = step > self.min_step
         if committed:
             self.last_commit = (step, time.time())
