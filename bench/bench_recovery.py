@@ -74,6 +74,7 @@ def record(rec, label: str, transport: str, median_step: float | None) -> dict:
         "acquired_how": rec.acquired_how, "victim": rec.replica, "seconds_since_failure": rec.total_s,
         "rung": rec.rung,  # an in-place repair has no teardown/acquire/build, a replacement no repair: None
         **{f"{name}_s": phases.get(name) for name in PHASES},
+        "controller_saw_s": rec.detection_s,  # = detect, except for a rebuild at once (not on its path)
         "survivor_stall_steps": rec.survivor_stall_steps, "survivor_stall_s": rec.survivor_stall_s,
         "heal_MB": rec.heal_bytes / 1e6 if rec.heal_bytes else None, "heal_transfer_s": rec.heal_s,
         "heal_GBps": (rec.heal_bytes / rec.heal_s / 1e9) if rec.heal_bytes and rec.heal_s else None,
@@ -103,7 +104,7 @@ def one_run(kinds: list[str], repeats: int, spares: int, transport: str, a: argp
                                  and run.supervisor.spares.ready() > 0, timeout=a.timeout)
                 since = time.time()
                 try:
-                    run.inject(kind, replica=victim, hang_s=a.hang_s)
+                    run.inject(kind, replica=victim, rank=a.rank, hang_s=a.hang_s)
                     rej = run.wait_for(lambda e, v=victim: isinstance(e, Rejoined) and e.replica == v,
                                        timeout=a.timeout, since=since)
                     run.wait_for(lambda e, t=rej.t: isinstance(e, ReplicasIdentical) and e.t >= t, timeout=a.timeout)
@@ -131,7 +132,7 @@ def one_run(kinds: list[str], repeats: int, spares: int, transport: str, a: argp
 
 def summarize(records: list[dict]) -> list[str]:
     lines = []
-    cols = [f"{p}_s" for p in PHASES] + ["seconds_since_failure", "survivor_stall_steps", "heal_GBps"]
+    cols = [f"{p}_s" for p in PHASES] + ["seconds_since_failure", "controller_saw_s", "survivor_stall_steps", "heal_GBps"]
     head = f"{'kind':<10}{'spare':<6}{'transport':<10}{'n':>3} " + " ".join(f"{c.removesuffix('_s'):>22}" for c in cols)
     lines.append("median / max per phase (seconds unless named)")
     lines.append(head)
@@ -156,6 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--backend", default=None, choices=["gloo", "nccl"],
                    help="collective backend (default: nccl on GPUs; gloo for several groups on one GPU)")
     p.add_argument("--group-size", type=int, default=1)
+    p.add_argument("--rank", type=int, default=0, help="the rank of its group a fault hits (< --group-size)")
     p.add_argument("--job", default="local", choices=["local", "slurm"])
     p.add_argument("--hang-s", type=float, default=30.0)
     p.add_argument("--timeout", type=float, default=240.0, help="per fault: inject -> identical check")

@@ -1,6 +1,7 @@
 """Replica groups on separate Monarch "hosts" (ProcessJob), each sharded with FSDP over two
-processes: a crash of one rank takes its group down and back up, the group heals every
-shard from its peer, and shard-by-shard hashes agree afterwards."""
+processes: a broken communicator on one rank is rebuilt in place; a crash of one rank takes its
+group down and back up, the group heals every shard from its peer, and shard-by-shard hashes
+agree afterwards."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ import time
 import pytest
 
 from monarch_nb.ft import FTRun, RunConfig
-from monarch_nb.telemetry.events import Healed, Rejoined, ReplicasIdentical, Respawned, Step
+from monarch_nb.telemetry.events import (FailureDetected, Healed, Rejoined, Repaired, ReplicasIdentical, Respawned,
+                                         RungStarted, Step)
 from helpers.proc_checks import assert_gone
 
 pytestmark = pytest.mark.slow
@@ -24,6 +26,10 @@ def sharded_run(tmp_path_factory):
         host_pids = run.placement.extra_pids()
         # Which ProcessJob host process each group's workers descend from.
         run.hosts_of_groups = {g.index: {_host_ancestor(pid, host_pids) for pid in g.pids} for g in run.groups}
+        comms_since = time.time()
+        run.inject("comms", replica=0, rank=1)
+        back = run.wait_for(lambda e: isinstance(e, Rejoined) and e.replica == 0, timeout=120, since=comms_since)
+        run.comms = comms_since, back, time.time()  # (the rejoin may precede the controller's events)
         since = time.time()
         run.inject("exit", replica=1, rank=1)
         rejoined = run.wait_for(lambda e: isinstance(e, Rejoined) and e.replica == 1, timeout=240, since=since)
@@ -49,6 +55,22 @@ def test_groups_run_on_separate_hosts(sharded_run):
     assert hosts[0] != hosts[1], "each group must run under its own ProcessJob host"
     steps = [e for e in run.events.events(Step) if e.committed and e.participants == 2]
     assert {e.replica for e in steps} == {0, 1}, "both groups must have trained together"
+
+
+def test_a_comms_fault_on_one_rank_of_a_sharded_group_is_repaired_in_place(sharded_run):
+    """The ``communicator`` rung for a group of several ranks: torchft's error path fails the
+    step's commit on every rank of every group and the next quorum rebuilds each rank's process
+    group; the group's ranks retry the step alike (FSDP gathers in its compute). Nothing replaced,
+    nothing healed; the identity check after the crash below covers both faults."""
+    run = sharded_run[0]
+    since, back, until = run.comms
+    window = [e for e in run.events.events() if since <= e.t <= until]
+    assert {e.replica for e in window if isinstance(e, FailureDetected)} == {0}
+    assert [e.rung for e in window if isinstance(e, RungStarted)] == ["communicator"]
+    assert not [e for e in window if isinstance(e, (Respawned, Healed))]
+    (repaired,) = [e for e in window if isinstance(e, Repaired)]
+    assert repaired.at_once and repaired.kept_member, repaired
+    assert back.t - since < 10, back  # a replaced group of two ranks takes ~28 s here
 
 
 def test_crash_of_one_rank_respawns_the_group_and_heals_every_shard(sharded_run):

@@ -52,6 +52,7 @@ class Outcome:
     def __init__(self, kind: str, victim: int, since: float) -> None:
         self.kind, self.victim, self.since = kind, victim, since
         self.rejoined: Rejoined | None = None
+        self.until = 0.0  # when the rejoin was recorded (a rebuild at once rejoins before the controller's events)
         self.identical: ReplicasIdentical | None = None
         self.error: str | None = None
         self.pids: list[int] = []  # the victim's processes before the fault and after its recovery
@@ -80,6 +81,7 @@ def ft(tmp_path_factory):
                     run.inject(kind, replica=victim)
                 out.rejoined = run.wait_for(
                     lambda e, v=victim: isinstance(e, Rejoined) and e.replica == v, timeout=180, since=out.since)
+                out.until = time.time()
                 out.identical = run.wait_for(
                     lambda e, t=out.rejoined.t: isinstance(e, ReplicasIdentical) and e.t >= t, timeout=120)
                 out.pids_after = list(run.groups[victim].pids)
@@ -105,7 +107,7 @@ def ft(tmp_path_factory):
 def test_a_heal_fetches_from_every_surviving_group(ft):
     run = ft[0]
     out = _outcome(ft, "kill")  # replica 1, while 0 and 2 train
-    (healed,) = _between(run, Healed, out.since, out.rejoined.t, replica=out.victim)
+    (healed,) = _between(run, Healed, out.since, out.until, replica=out.victim)
     assert healed.donors == [0, 2], healed
     assert healed.bytes > 0 and healed.gbps and healed.gbps > 0 and healed.corrupt == 0
 
@@ -139,7 +141,7 @@ def test_failure_is_detected_with_its_reason(ft, kind):
     run, _, _ = ft
     out = _outcome(ft, kind)
     expected = dict((k, r) for k, _, r in FAULTS)[kind]
-    (failure, *_) = _between(run, FailureDetected, out.since, out.rejoined.t, replica=out.victim)
+    (failure, *_) = _between(run, FailureDetected, out.since, out.until, replica=out.victim)
     assert failure.source in DETECTORS[kind], (failure.source, failure.reason)
     # measured from the fault log's firing time: detected after the fault fired; the bound is
     # sanity only (typically < 1 s: every detector polls at 0.25 s)
@@ -151,16 +153,16 @@ def test_failure_is_detected_with_its_reason(ft, kind):
 
 def _recovery(run, out):
     return next(r for r in run.history().recoveries() if r.replica == out.victim and r.start_t is not None
-                and out.since <= r.start_t <= out.rejoined.t)
+                and out.since <= r.start_t <= out.until)
 
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_each_fault_enters_the_ladder_at_its_rung_and_escalates_only_when_its_rung_fails(ft, kind):
     run, _, _ = ft
     out = _outcome(ft, kind)
-    started = [e.rung for e in _between(run, RungStarted, out.since, out.rejoined.t, replica=out.victim)]
+    started = [e.rung for e in _between(run, RungStarted, out.since, out.until, replica=out.victim)]
     assert started == RUNGS[kind], started
-    escalated = _between(run, RungEscalated, out.since, out.rejoined.t, replica=out.victim)
+    escalated = _between(run, RungEscalated, out.since, out.until, replica=out.victim)
     assert [(e.rung, e.to) for e in escalated] == list(zip(RUNGS[kind], RUNGS[kind][1:]))
     if kind == "stuck":  # the repair hung: escalated once its bound passed, not before
         (e,) = escalated
@@ -176,10 +178,10 @@ def test_each_fault_enters_the_ladder_at_its_rung_and_escalates_only_when_its_ru
 def test_a_live_process_is_repaired_in_place_keeping_its_processes_and_state(ft, kind):
     run, _, _ = ft
     out = _outcome(ft, kind)
-    (repaired,) = _between(run, Repaired, out.since, out.rejoined.t, replica=out.victim)
+    (repaired,) = _between(run, Repaired, out.since, out.until, replica=out.victim)
     assert repaired.cause == {"exception": "exception", "comms": "comms"}[kind]
-    assert not _between(run, Respawned, out.since, out.rejoined.t, replica=out.victim)
-    assert not _between(run, TornDown, out.since, out.rejoined.t, replica=out.victim)
+    assert not _between(run, Respawned, out.since, out.until, replica=out.victim)
+    assert not _between(run, TornDown, out.since, out.until, replica=out.victim)
     assert out.pids and out.pids_after == out.pids, (out.pids, out.pids_after)
     # back within seconds: no process was built (a respawn takes 5-15 s here)
     assert out.rejoined.seconds_since_failure < 5.0, out.rejoined
@@ -189,8 +191,8 @@ def test_a_live_process_is_repaired_in_place_keeping_its_processes_and_state(ft,
 def test_survivors_commit_while_victim_is_down(ft, kind):
     run, _, _ = ft
     out = _outcome(ft, kind)
-    (failure, *_) = _between(run, FailureDetected, out.since, out.rejoined.t, replica=out.victim)
-    back = _between(run, Respawned if kind in REPLACED else Repaired, out.since, out.rejoined.t, replica=out.victim)
+    (failure, *_) = _between(run, FailureDetected, out.since, out.until, replica=out.victim)
+    back = _between(run, Respawned if kind in REPLACED else Repaired, out.since, out.until, replica=out.victim)
     until = back[-1].t
     for survivor in {0, 1, 2} - {out.victim}:
         # Between detection and the victim being back, it cannot take part: these commits are
@@ -205,8 +207,8 @@ def test_survivors_commit_while_victim_is_down(ft, kind):
 def test_victim_respawns_and_heals_from_a_peer_not_from_disk(ft, kind):
     run, _, _ = ft
     out = _outcome(ft, kind)
-    (respawned,) = _between(run, Respawned, out.since, out.rejoined.t, replica=out.victim)
-    (healed,) = _between(run, Healed, out.since, out.rejoined.t, replica=out.victim)
+    (respawned,) = _between(run, Respawned, out.since, out.until, replica=out.victim)
+    (healed,) = _between(run, Healed, out.since, out.until, replica=out.victim)
     assert healed.bytes > 1_000_000  # parameters + Adam state of the 6M-parameter model
     assert healed.source_replica in {0, 1, 2} - {out.victim}
     assert out.rejoined.step > healed.step - 1
@@ -268,7 +270,7 @@ def test_event_log_is_complete_and_reopenable(ft):
 def test_each_fault_is_one_notice_naming_the_fault_then_the_action(ft, kind, victim, words):
     run, _, _ = ft
     out = _outcome(ft, kind)
-    assert_one_notice(run, run.notices, victim, out.since, out.rejoined.t, words)
+    assert_one_notice(run, run.notices, victim, out.since, out.until, words)
 
 
 def test_a_stop_is_not_reported_as_a_failure(ft):
@@ -284,9 +286,9 @@ def test_a_comms_victim_stays_in_the_quorum_and_needs_no_heal(ft):
     nothing was healed. The controller still recorded the rung (test above) and collected it."""
     run = ft[0]
     out = _outcome(ft, "comms")
-    (repaired,) = _between(run, Repaired, out.since, out.rejoined.t, replica=out.victim)
+    (repaired,) = _between(run, Repaired, out.since, out.until, replica=out.victim)
     assert repaired.kept_member is True and repaired.at_once is True, repaired
     quorums = [e for e in run.events.events(Quorum) if out.since <= e.t <= out.rejoined.t]
     assert quorums and all(sorted(q.participants) == [0, 1, 2] for q in quorums), \
         [(q.replica, q.quorum_id, q.participants) for q in quorums]
-    assert not _between(run, Healed, out.since, out.rejoined.t, replica=out.victim)
+    assert not _between(run, Healed, out.since, out.until, replica=out.victim)

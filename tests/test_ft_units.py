@@ -895,15 +895,17 @@ def test_the_ladder_enters_each_failure_at_the_lowest_rung_that_can_fix_it():
     assert enter(None) == "process"  # a dead or hung process
     assert enter(None, gone=True) == "hosts"  # the scheduler ended its allocation
     assert enter("comms", lowest="process") == "process"  # the reference run's way: replace every process
-    assert enter("comms", group_size=2) == "process"  # several ranks per group: replaced together
+    assert enter("comms", group_size=2) == "communicator"  # torchft rebuilds every rank's group
+    assert enter("exception", group_size=2) == "process"  # its groupmates wait in the step's collectives
     # and the failure notice says what will happen, for the same reasons
     from monarch_nb.ft.control.ladder import Ladder
 
-    def action(**config):
-        return Ladder(types.SimpleNamespace(spares=None, config=RunConfig(**config))).action("comms")
+    def action(cause="comms", **config):
+        return Ladder(types.SimpleNamespace(spares=None, config=RunConfig(**config))).action(cause)
 
     assert action().startswith("its communicator is rebuilt in place")
-    assert action(group_size=2).startswith("its group is torn down and replaced")
+    assert action(group_size=2).startswith("its communicator is rebuilt in place")
+    assert action("exception", group_size=2).startswith("its group is torn down and replaced")
     assert action(lowest_rung="process").startswith("its group is torn down and replaced")
     assert RUNGS == ("communicator", "step", "process", "hosts", "checkpoint")
     assert ESCALATES_TO["communicator"] == ESCALATES_TO["step"] == "process"

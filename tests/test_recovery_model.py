@@ -424,3 +424,40 @@ def test_a_log_from_before_the_ladder_reads_as_before():
     (rec,) = tracked(recovery(1, at=T + 10))
     assert rec.rung is None and not rec.in_place
     assert list(rec.durations()) == ["detect", "teardown", "acquire", "build", "heal", "rejoin"]
+
+
+def test_a_communicator_rebuilt_at_once_counts_from_the_fault_to_its_first_commit_not_the_controllers_view():
+    """The worker whose collective failed rebuilt at once and committed before the controller's
+    poll saw the stall: its phases are the rebuild and the rejoin, adding up to the total, and
+    the controller's detection is said beside them."""
+    from monarch_nb.telemetry.events import Repaired, RungStarted
+
+    at = T + 10  # the fault fired; the victim committed again 0.15 s later, the controller knew at 0.4 s
+    evs = [FaultInjected(t=at - 0.1, fault="comms", replica=1, rank=0, step=None),
+           FailureDetected(t=at + 0.4, replica=1, rank=0, reason="comms: aborted", detection_s=0.4, source="trainer"),
+           RungStarted(t=at + 0.4, replica=1, rung="communicator", reason="comms: aborted"),
+           Repaired(t=at + 0.41, replica=1, cause="comms", seconds=0.01, step=20, kept_member=True, at_once=True),
+           Rejoined(t=at + 0.15, replica=1, step=21, seconds_since_failure=0.15)]
+    tracker = RecoveryTracker()
+    tracker.apply_all(evs)  # in the order they are recorded: the rejoin, earlier, comes last
+    (rec,) = tracker.recoveries
+    assert rec.total_s == pytest.approx(0.15) and list(rec.durations()) == ["repair", "heal", "rejoin"]
+    d = rec.durations()
+    assert (d["repair"], d["heal"], d["rejoin"]) == (pytest.approx(0.01), None, pytest.approx(0.14))
+    assert rec.detection_s == pytest.approx(0.4) and "0.40 s after the fault, beside the rebuild" in str(rec)
+
+
+def test_the_ingest_reports_a_rejoin_that_came_before_the_controller_expected_it():
+    from monarch_nb.ft.record.ingest import EventIngest
+
+    def step(n, t, committed=True):
+        return {0: {"events": [{"kind": "step", "step": n, "loss": 1.0, "tokens_per_s": 1.0, "committed": committed,
+                                "t": t}]}}
+
+    for maybe_back, expected in ((True, (T + 1.2, 11)), (False, (T + 2.0, 13))):
+        ingest = EventIngest(group_size=1)
+        for n, t in ((10, T + 0.5), (11, T + 1.2), (12, T + 1.5)):  # the fault fired at T + 1: 11 is the first after
+            ingest.translate(1, step(n, t))
+        ingest.expect_rejoin(1, T + 1.0, maybe_back=maybe_back)
+        (rejoined,) = [e for e in ingest.translate(1, step(13, T + 2.0)) if isinstance(e, Rejoined)]
+        assert (rejoined.t, rejoined.step) == expected

@@ -53,25 +53,28 @@ def communicator_at_once(config: RunConfig) -> bool:
     ``communicator`` (:func:`entry_rung`). The controller still climbs the ladder from the
     stall it sees (its repair call collects the rebuild, or escalates), and the others' next
     quorum waits for the rebuild alone, not for the next poll."""
-    return config.on_failure == "peer" and repairs_in_place(lowest_rung(config), config.group_size)
+    return config.on_failure == "peer" and in_place_rung("comms", lowest_rung(config), config.group_size) is not None
 
 
-def repairs_in_place(lowest: str, group_size: int) -> bool:
-    """The in-place rungs are open: the ladder may start below ``process``, and a group is one
-    process (a group of several ranks is replaced together)."""
-    return lowest == "communicator" and group_size == 1
+def in_place_rung(cause: str | None, lowest: str, group_size: int) -> str | None:
+    """The in-place rung for a stalled trainer's ``cause``, if the ladder may start below
+    ``process``. ``communicator`` at any group size: torchft's error path fails the step's
+    commit in every rank of every group and the next quorum rebuilds each rank's process group,
+    the broken rank's included. ``step`` only for one process per group: the other ranks of a
+    group whose step raised wait in that step's collectives, so the group is replaced."""
+    rung = IN_PLACE_CAUSES.get(cause or "")
+    if lowest != "communicator" or rung is None or (rung == "step" and group_size > 1):
+        return None
+    return rung
 
 
 def entry_rung(failure: Failure, lowest: str, group_size: int, allocation_gone: bool) -> str:
-    """The lowest rung that can fix ``failure``: in place for a stalled trainer (one process per
-    group: a group of several ranks is replaced), ``hosts`` when the scheduler ended the
-    group's allocation, else ``process``."""
+    """The lowest rung that can fix ``failure``: in place for a stalled trainer
+    (:func:`in_place_rung`), ``hosts`` when the scheduler ended the group's allocation, else
+    ``process``."""
     if allocation_gone:
         return "hosts"
-    rung = IN_PLACE_CAUSES.get(failure.cause or "")
-    if rung is not None and repairs_in_place(lowest, group_size):
-        return rung
-    return "process"
+    return in_place_rung(failure.cause, lowest, group_size) or "process"
 
 
 class Rung:
@@ -199,7 +202,7 @@ class Ladder:
         """What happens after a failure of this ``cause``, as its notice says it."""
         spare = " (a warm spare if one is ready)" if self.means.spares is not None else ""
         config = self.means.config
-        if IN_PLACE_CAUSES.get(cause or "") and repairs_in_place(lowest_rung(config), config.group_size):
+        if in_place_rung(cause, lowest_rung(config), config.group_size) is not None:
             return ("its communicator is rebuilt in place (model, optimizer and step kept); if that fails, "
                     f"its group is replaced{spare}")
         return f"its group is torn down and replaced{spare}; the replacement heals from a live peer"

@@ -23,7 +23,7 @@ from typing import ClassVar
 from ...telemetry.events import Acquired, Respawned, RestartedFromCheckpoint, RungStarted
 from ..spec.checkpoint_format import latest_complete
 from .groups import FAILED, HEALING, RESPAWNING, Failure, ReplicaGroup
-from .ladder import Ladder
+from .ladder import Ladder, communicator_at_once
 from .means import ResponseMeans
 
 
@@ -63,7 +63,8 @@ class PeerResponse(FailureResponse):
     def respond(self, g: ReplicaGroup, failure: Failure) -> None:
         means = self.means
         fired = means.fired_time(g)
-        means.ingest.expect_rejoin(g.index, fired or failure.t)
+        at_once = failure.cause == "comms" and communicator_at_once(means.config)
+        means.ingest.expect_rejoin(g.index, fired or failure.t, maybe_back=at_once)
         means.announce(g, failure, fired)
         means.report(g, failure)
         self.ladder.climb(g, failure)

@@ -11,6 +11,8 @@ for the identity checks. Nothing here calls a process, so it is unit-tested with
 
 from __future__ import annotations
 
+import collections
+
 from dataclasses import dataclass
 from typing import Any, Iterable
 
@@ -78,11 +80,20 @@ class EventIngest:
         self._stores: dict[str, int] = {}  # a group's store address (host:port) -> its replica
         self._heal_parts: dict[int, dict[int, dict[str, Any]]] = {}
         self._failed_at: dict[int, float] = {}  # replica -> when its failure happened (awaiting rejoin)
+        self._recent: dict[int, collections.deque[tuple[float, int]]] = {}  # replica -> its last commits (t, step)
+        self._back: dict[int, tuple[float, int]] = {}  # replica -> its first commit after the failure, if seen
 
-    def expect_rejoin(self, replica: int, failed_at: float) -> None:
-        """The group is being recovered: its next committed step is its rejoin."""
+    def expect_rejoin(self, replica: int, failed_at: float, maybe_back: bool = False) -> None:
+        """The group is being recovered: its next committed step is its rejoin. ``maybe_back``:
+        the worker rebuilt its communicator at once, so it may have committed before the
+        controller knew of the failure - the rejoin is then that first commit after ``failed_at``
+        (reported with the next commit, so that it follows the rung's events)."""
         self._failed_at[replica] = failed_at
         self._heal_parts.pop(replica, None)
+        recent = self._recent.pop(replica, ())
+        back = next(((t, step) for t, step in recent if t > failed_at), None) if maybe_back else None
+        if back is not None:
+            self._back[replica] = back
 
     def awaiting_rejoin(self, replica: int) -> bool:
         return replica in self._failed_at
@@ -109,7 +120,10 @@ class EventIngest:
                 # Normally after a "healed"; with no live peer to heal from (every group was
                 # down) the first committed step is the rejoin all the same.
                 failed_at = self._failed_at.pop(replica)
-                yield Rejoined(t=t, replica=replica, step=int(ev["step"]), seconds_since_failure=t - failed_at)
+                t_back, step = self._back.pop(replica, (t, int(ev["step"])))
+                yield Rejoined(t=t_back, replica=replica, step=step, seconds_since_failure=t_back - failed_at)
+            elif ev["committed"]:
+                self._recent.setdefault(replica, collections.deque(maxlen=64)).append((t, int(ev["step"])))
         elif kind == "quorum" and rank == 0:
             qid = int(ev["quorum_id"])
             if ev.get("own_store") and replica is not None:
@@ -162,7 +176,7 @@ class EventIngest:
         elif kind == "comms_retry" and rank == 0:
             yield CommsRetry(t=t, replica=replica, reason=str(ev.get("reason", "")), attempt=int(ev.get("attempt", 1)),
                              step=int(ev.get("step", 0)))
-        elif kind == "repaired" and rank == 0:
+        elif kind == "repaired":  # from each rank that was broken (in a group of several, maybe not rank 0)
             yield Repaired(t=t, replica=replica, cause=str(ev.get("cause") or ""), seconds=float(ev.get("seconds", 0.0)),
                            step=int(ev.get("step", 0)), kept_member=ev.get("kept_member"), at_once=ev.get("at_once"))
         elif kind == "quorum_timeout" and rank == 0:

@@ -15,9 +15,11 @@ benchmarks all see the same recoveries from the same rules:
 
 Which phases a recovery has depends on the rungs of the recovery ladder it went through
 (``rung_started`` events, ft/control/ladder.py): repaired in place (``communicator``, ``step``):
-detect, repair, heal, rejoin; its processes replaced (``process``, ``hosts``, or a log from before
-the ladder): detect, teardown, acquire, build, heal, rejoin; escalated from one to the other:
-all of them. Phases run back to back, each from the previous one's end, so a finished
+detect, repair, heal, rejoin; rebuilt at once by the worker whose collective failed
+(``repaired.at_once``): repair, heal, rejoin - the controller's detection is not on its path (it
+is still ``detection_s``), and the group may commit before the controller knows; its processes
+replaced (``process``, ``hosts``, or a log from before the ladder): detect, teardown, acquire,
+build, heal, rejoin; escalated from one to the other: all of them. Phases run back to back, each from the previous one's end, so a finished
 recovery's phases add up to fault -> first committed step of the victim (``total_s``). A phase whose event is
 missing (an older log, or a step that did not happen) has no duration, and the next phase
 runs from the last known end.
@@ -89,6 +91,7 @@ class Recovery:
     escalations: list[str] | None = None  # "communicator -> process: why", one per escalation
     repaired_t: float | None = None
     repair_s: float | None = None  # the in-place repair as the workers measured it
+    at_once: bool = False  # the worker rebuilt its communicator itself, before the controller knew
     torn_down_t: float | None = None
     teardown_s: float | None = None
     acquired_t: float | None = None
@@ -136,6 +139,8 @@ class Recovery:
 
     def phase_names(self) -> tuple[str, ...]:
         """The phases this recovery has (see the module docstring)."""
+        if self.at_once and self.in_place:
+            return ("repair", "heal", "rejoin")
         tried_in_place = any(r in IN_PLACE_RUNGS for r in self.rungs or ()) or self.repaired_t is not None
         return tuple(p for p in PHASES if (p not in IN_PLACE_PHASES or tried_in_place)
                      and (p not in REPLACE_PHASES or not self.in_place))
@@ -167,6 +172,8 @@ class Recovery:
                 "acquire": self.acquired_t, "build": self.respawned_t, "heal": self.healed_t, "rejoin": self.rejoined_t}
         reported = {"detect": self.detection_s, "repair": self.repair_s, "teardown": self.teardown_s,
                     "acquire": self.acquire_s, "heal": self.heal_s}
+        if self.at_once and self.in_place and self.start_t is not None and self.repair_s is not None:
+            ends["repair"] = self.start_t + self.repair_s  # the worker's own rebuild, from its failed collective
         out, last = [], self.start_t
         for name in self.phase_names():
             end = ends[name]
@@ -199,8 +206,10 @@ class Recovery:
                 if self.heal_s is not None and self.heal_bytes else "")
         how = f", acquired by {self.acquired_how}" if self.acquired_how else ""
         rung = f"; rung {' -> '.join(self.rungs)}" if self.rungs else ""
+        seen = (f" {self.detection_s:.2f} s after the fault, beside the rebuild"
+                if self.at_once and self.in_place and self.detection_s is not None else "")
         return (f"{what}: {self.status}, total {total} = {phases}{heal}{how}{rung}; "
-                f"detected by {self.detected_by or '?'}: {self.reason}")
+                f"detected by {self.detected_by or '?'}{seen}: {self.reason}")
 
     @property
     def heal_sources(self) -> list[int | None]:
@@ -326,7 +335,7 @@ class RecoveryTracker:
             if e.rung in IN_PLACE_RUNGS and rec.repaired_t is None:  # the repair phase ends with its failure
                 rec.repaired_t = e.t
         elif isinstance(e, Repaired):
-            rec.repaired_t, rec.repair_s = e.t, e.seconds
+            rec.repaired_t, rec.repair_s, rec.at_once = e.t, e.seconds, bool(e.at_once)
         elif isinstance(e, TornDown):
             rec.torn_down_t, rec.teardown_s = e.t, e.seconds
         elif isinstance(e, Acquired):

@@ -139,8 +139,8 @@ class TrainStep:
             self.last_commit = (step, time.time())
             if self.durable is not None:
                 self.durable.after_commit(step, saver=quorum.saver)
-        elif not self._comms_dead:
-            self._retry = retry
+        else:  # its gradients are intact even when our own collective failed; a group's ranks
+            self._retry = retry  # must agree whether to recompute (FSDP gathers in the compute)
         t1 = time.time()
         rec = {"kind": "step", "replica": self.replica, "rank": self.rank, "step": step,
                "loss": retry.loss, "committed": bool(committed),
@@ -273,13 +273,16 @@ class TrainStep:
     def repair(self) -> bool:
         """Rungs ``communicator`` and ``step``, in this process: a new communicator (the next
         quorum builds its group; a heal follows only if the peers moved on), and nothing kept
-        from the step that broke (its gradients, a retry). Model, optimizer and step stay.
+        from a step that raised (a failed collective keeps its gradients for the retry, as the
+        group's other ranks do). Model, optimizer and step stay.
         Returns whether the group stayed a quorum member throughout; raises when the
         replication cannot (plain_restart)."""
         assert self.replication is not None, "a warm spare has no communicator"
         self._abort()  # whatever is left of the old one: peers blocked on us fail at once
         kept = self.replication.reset(failed_collective=self._comms_dead)
-        self._comms_dead, self._retry = False, None
+        if not self._comms_dead:
+            self._retry = None
+        self._comms_dead = False
         return kept
 
     def _abort(self) -> None:

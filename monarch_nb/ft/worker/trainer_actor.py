@@ -16,6 +16,7 @@ through ``poll`` (Monarch cannot see it), and waits for the controller's ladder
 from __future__ import annotations
 
 import collections
+import math
 import os
 import threading
 import time
@@ -40,9 +41,7 @@ class TrainerActor(Actor):
                  data_dir: str, fault_log: str | None = None, attempt: int = 0) -> None:
         point = current_rank()
         self.rank = int(point.rank)
-        self.group_size = 1
-        for label in point.extent:
-            self.group_size *= point.extent[label]
+        self.group_size = math.prod(point.extent[label] for label in point.extent)
         self.replica = replica
         self.attempt = attempt
         self.fault_log = fault_log
@@ -297,15 +296,16 @@ class TrainerActor(Actor):
     @endpoint
     def repair(self) -> float:
         """The ladder's in-process rungs (``communicator``, ``step``): a stalled rank gets a new
-        cross-replica communicator, drops the step that broke, and trains on with its model,
-        optimizer and step (healing at the next quorum if its peers moved on). Returns seconds.
-        A communicator this process rebuilt at once (:meth:`_rebuild_at_once`) is collected
-        instead: this waits for it (the controller bounds the call) and reports it."""
+        cross-replica communicator and trains on with its model, optimizer and step (healing at
+        the next quorum if its peers moved on); a rebuild done at once (:meth:`_rebuild_at_once`)
+        is collected instead (the controller bounds the wait). Returns seconds."""
         with self._lock:  # our state says "stalled" until a rebuild here is over
             own, self._own = self._own, None
         if own is not None:
             return self._repaired_report("comms", own.collected(), own.kept_member, at_once=True)
         if self._state != "stalled":
+            if self.group_size > 1 and self._state in ("training", "waiting_for_peer"):
+                return 0.0  # a groupmate's broke; torchft rebuilds ours at the next quorum
             raise RuntimeError(f"repair: replica {self.replica} rank {self.rank} is {self._state}, not stalled")
         t0 = time.time()
         if self._stuck_s:  # the stuck comms fault: this process cannot rebuild its communicator
@@ -344,11 +344,11 @@ class TrainerActor(Actor):
         """Emit a ``hashes`` event after committing ``step``; False if it is already past."""
         with self._lock:  # armed first, then the step read: a commit in between is still reported
             self._hash_steps.add(step)
-        if self.trainer.current_step() < step:
-            return True
-        with self._lock:
-            self._hash_steps.discard(step)
-        return False
+        passed = self.trainer.current_step() >= step
+        if passed:
+            with self._lock:
+                self._hash_steps.discard(step)
+        return not passed
 
     @endpoint
     def hashes(self) -> dict[str, Any]:
