@@ -105,6 +105,21 @@ def test_close_finishes_a_slow_save_or_abandons_it_when_given_a_deadline(tmp_pat
     assert not (step_dir(tmp_path / "b", 5) / COMPLETE).exists()
 
 
+def test_a_save_whose_directory_goes_away_mid_write_is_recorded_not_raised(tmp_path, monkeypatch):
+    """DCP then fails in its finish (the metadata write) with ``CheckpointException``, a
+    ``BaseException``: it once escaped ``except Exception`` and ended the group's training
+    (test_durable's full-disk test, on a loaded box)."""
+    monkeypatch.setenv(SLOW_SAVE_ENV, "1.0")
+    events: list[dict] = []
+    ck = _checkpointer(tmp_path / "c", events)
+    ck.after_commit(5, saver=True)  # staged; the write sleeps first
+    (tmp_path / "c").rename(tmp_path / "c-moved")
+    (tmp_path / "c").write_text("in the way")
+    assert ck.close(timeout=None) is None  # waits for the write, which fails: recorded, not raised
+    assert [e["kind"] for e in events] == ["checkpoint_failed"], events
+    assert "CheckpointException" in events[0]["error"]
+
+
 def test_remove_torn_removes_only_what_is_newer_than_the_newest_complete(tmp_path):
     for step, complete in ((5, True), (7, False), (10, True), (15, False), (20, False)):
         d = step_dir(tmp_path, step)

@@ -36,6 +36,15 @@ from ..spec.checkpoint_format import COMPLETE, ABANDONED, META, list_checkpoints
 SLOW_SAVE_ENV = "MONARCH_NB_TEST_SLOW_SAVE_S"
 
 
+def _save_errors() -> tuple[type[BaseException], ...]:
+    """What a failed save raises: DCP's ``CheckpointException`` is a ``BaseException`` (a write
+    that failed in DCP's finish - its directory gone mid-save - escaped ``except Exception`` and
+    ended the group's training)."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    return (Exception, CheckpointException)
+
+
 def tensor_bytes(obj: Any) -> int:
     """Bytes of every tensor in a nested dict/list: what a heal or a checkpoint moves."""
     import torch
@@ -82,7 +91,7 @@ class DurableCheckpointer:
             state = self._state()
             future = dcp.async_save(state, storage_writer=_writer(FileSystemWriter, path),
                                     process_group=self._pg, no_dist=not dist.is_initialized())
-        except Exception as exc:  # an unwritable or full disk: the run goes on, the failure is recorded
+        except _save_errors() as exc:  # an unwritable or full disk: the run goes on, the failure is recorded
             self._emit({"kind": "checkpoint_failed", "step": step, "rank": self.rank, "t": time.time(),
                         "error": f"{type(exc).__name__}: {exc}"[:300]})
             return
@@ -106,7 +115,7 @@ class DurableCheckpointer:
             future.result()
             if self.rank == 0:
                 mark_complete(path, meta, self.keep)
-        except Exception as exc:
+        except _save_errors() as exc:
             self._emit({"kind": "checkpoint_failed", "step": step, "rank": self.rank, "t": time.time(),
                         "error": f"{type(exc).__name__}: {exc}"[:300]})
             return
@@ -151,8 +160,11 @@ class DurableCheckpointer:
         t0 = time.time()
         path.mkdir(parents=True, exist_ok=True)
         state = self._state()
-        dcp.save(state, storage_writer=FileSystemWriter(str(path)), process_group=self._pg,
-                 no_dist=not dist.is_initialized())
+        try:
+            dcp.save(state, storage_writer=FileSystemWriter(str(path)), process_group=self._pg,
+                     no_dist=not dist.is_initialized())
+        except _save_errors()[1] as exc:  # an error the caller can handle, not a BaseException
+            raise RuntimeError(f"the final save of step {step} to {path} failed: {exc}") from exc
         if self.rank == 0:
             mark_complete(path, self._meta(step), self.keep)
         record = {"kind": "checkpoint_saved", "step": step, "rank": self.rank, "bytes": tensor_bytes(state),
