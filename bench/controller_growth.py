@@ -6,7 +6,7 @@ store's window filling (~1-2 MB, bounded); the RSS slope (450-640 MB/h, the same
 is native, mostly Monarch's supervision polling (bench/supervision_growth.py).
 
 Usage: python bench/controller_growth.py [--minutes 5] [--every 20] [--warmup 60] [--trim] [--no-faults]
-       [--out FILE.json]
+       [--kinds comms,kill] [--dashboard] [--out FILE.json]
 """
 
 from __future__ import annotations
@@ -53,6 +53,8 @@ def main() -> int:
     p.add_argument("--warmup", type=float, default=60.0)
     p.add_argument("--frames", type=int, default=8)
     p.add_argument("--no-faults", action="store_true")
+    p.add_argument("--kinds", default=",".join(KINDS), help="comma-separated fault kinds to draw from")
+    p.add_argument("--dashboard", action="store_true", help="with the live dashboard attached (headless), as a kernel has it")
     p.add_argument("--trim", action="store_true", help="malloc_trim at each sample")
     p.add_argument("--out")
     a = p.parse_args()
@@ -65,6 +67,10 @@ def main() -> int:
     report: dict = {}
     try:
         run.start()
+        if a.dashboard:
+            from monarch_nb.notebook.dashboard import Dashboard
+
+            report["dashboard"] = Dashboard(run.events, controls=run)  # kept alive for the whole run
         time.sleep(a.warmup)  # a measured warm-up, not a synchronisation
         tracemalloc.start(a.frames)
         types0 = types_alive()
@@ -81,7 +87,7 @@ def main() -> int:
             status = {k: v for k, v in run.status().items() if isinstance(k, int)}
             training = [g for g, s in status.items() if s["state"] == "training"]
             if len(training) >= 2:
-                kind = rng.choice(KINDS)
+                kind = rng.choice(a.kinds.split(","))
                 try:
                     run.inject(kind, replica=rng.choice(training), hang_s=10.0)
                     n += 1
@@ -108,7 +114,7 @@ def main() -> int:
         print("\nobjects alive, growth by type:")
         for k, d in tgrowth[:25]:
             print(f"  {d:+7d} {k}")
-        report = {"faults": n, "calls": calls, "seconds": elapsed, "rss_mb": rss, "top_growth": top,
+        report = {"command": "python bench/controller_growth.py " + " ".join(sys.argv[1:]), "dashboard": a.dashboard, "faults": n, "calls": calls, "seconds": elapsed, "rss_mb": rss, "top_growth": top,
                   "types_growth": tgrowth[:40],
                   "rss_slope_mb_per_h": (rss[-1][1] - rss[0][1]) / (rss[-1][0] - rss[0][0]) * 3600,
                   "trimmed_slope_mb_per_h": (rss[-1][2] - rss[0][2]) / (rss[-1][0] - rss[0][0]) * 3600}

@@ -212,3 +212,22 @@ def test_the_build_profile_keeps_the_heaviest_torch_and_torchtitan_imports():
     got = heaviest(stderr, top=2)
     assert got == [{"module": "torchtitan.models.common.attention", "cumulative_s": 1.02},
                    {"module": "torch", "cumulative_s": 1.0}]
+
+
+def test_the_overhead_profile_splits_the_training_threads_samples_into_the_steps_parts():
+    classify = load_bench("overhead_profile").classify
+    loop = "Thread._bootstrap (threading.py:1);TrainerActor._loop (trainer_actor.py:1)"
+    raw = "\n".join([
+        f"{loop};TrainStep._compute (train_step.py:1);forward (model.py:1) 60",
+        f"{loop};Manager.start_quorum (manager.py:1);Future.result (_base.py:1) 25",
+        f"{loop};Manager.should_commit (manager.py:1) 10",
+        f"{loop};TrainStep._average (train_step.py:1) 5",
+        "Thread._bootstrap (threading.py:1);heartbeat (manager.py:1) 40",  # another thread: not counted
+    ])
+    out = classify(raw)
+    assert out["samples"] == 140 and out["training_thread_samples"] == 100
+    assert out["shares"] == {"compute": 0.6, "quorum": 0.25, "should_commit": 0.1, "average": 0.05}
+    assert out["detail"]["start_quorum"] == [{"share": 0.25, "below": "Future.result"}]
+    assert out["detail"]["should_commit"] == [{"share": 0.1, "below": "(in the call itself)"}]
+    saved = json.loads((Path(__file__).parent.parent / "bench/results/overhead_profile.json").read_text())
+    assert saved["training_thread_samples"] > 1000 and set(saved["shares"]) >= {"compute", "quorum", "should_commit"}
