@@ -244,10 +244,12 @@ class MeshLifecycle:
         base = actor_full_name.rsplit("-", 1)[0]
         with self._lock:
             owner = self._meshes.get(self._actor_owner.get(base, ""))
-            if owner is not None:
-                known = owner.actor_full_names.get(base)
-                if known is not None and known != actor_full_name:
-                    return None  # a late report about an actor mesh we already replaced
+            if owner is not None and owner.actor_full_names.get(base) != actor_full_name:
+                # A late report about an actor mesh we already replaced - also while the new one's
+                # name is not known yet (Monarch names it once spawned): a report from before a
+                # same-named mesh came up was once placed on it (notebook 07, a run after a run).
+                # The pid watcher still finds a real death of the new one's local processes.
+                return None
             return owner
 
     def torn_down(self, actor_full_name: str) -> MeshHandle | None:

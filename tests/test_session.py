@@ -237,3 +237,23 @@ def test_a_downed_mesh_leaves_nothing_of_it_in_the_controller(session):
         session.spawn("w", Worker, mesh=f"churn{i}")
         session.down(f"churn{i}", kill=i == 3)  # a polite stop, and a kill
     assert alive() == before
+
+
+def test_a_late_report_is_placed_on_a_mesh_only_by_the_unique_name_of_its_actor_mesh(tmp_path):
+    """Monarch's supervision reports lag (it polls every 10 s): a report about a previous run's
+    "trainer1" once landed on the next run's same-named mesh while Monarch had not yet named its
+    new actor mesh, and failed that run's start (notebook 07). Unit level: the lookup alone."""
+    import types
+
+    from monarch_nb.mesh_lifecycle import MeshLifecycle
+    from monarch_nb.reaper import Reaper
+    from monarch_nb.telemetry import EventStore
+
+    meshes = MeshLifecycle(events=EventStore(), reaper=Reaper(), log_dir=tmp_path, on_up=lambda: None,
+                           on_down=lambda names: None)
+    new = types.SimpleNamespace(name="replica1", actor_full_names={})
+    meshes._meshes["replica1"], meshes._actor_owner["trainer1"] = new, "replica1"
+    assert meshes.holder_of("trainer1-old") is None  # the new actor mesh not named yet: not its report
+    new.actor_full_names["trainer1"] = "trainer1-new"
+    assert meshes.holder_of("trainer1-old") is None  # an actor mesh replaced since
+    assert meshes.holder_of("trainer1-new") is new
