@@ -70,7 +70,7 @@ def main() -> int:
         if a.dashboard:
             from monarch_nb.notebook.dashboard import Dashboard
 
-            report["dashboard"] = Dashboard(run.events, controls=run)  # kept alive for the whole run
+            dashboard = Dashboard(run.events, controls=run)  # noqa: F841 - kept alive for the whole run
         time.sleep(a.warmup)  # a measured warm-up, not a synchronisation
         tracemalloc.start(a.frames)
         types0 = types_alive()
@@ -114,7 +114,8 @@ def main() -> int:
         print("\nobjects alive, growth by type:")
         for k, d in tgrowth[:25]:
             print(f"  {d:+7d} {k}")
-        report = {"command": "python bench/controller_growth.py " + " ".join(sys.argv[1:]), "dashboard": a.dashboard, "faults": n, "calls": calls, "seconds": elapsed, "rss_mb": rss, "top_growth": top,
+        report = {"command": "python bench/controller_growth.py " + " ".join(sys.argv[1:]), "dashboard": a.dashboard,
+                  "faults": n, "calls": calls, "seconds": elapsed, "rss_mb": rss, "top_growth": top,
                   "types_growth": tgrowth[:40],
                   "rss_slope_mb_per_h": (rss[-1][1] - rss[0][1]) / (rss[-1][0] - rss[0][0]) * 3600,
                   "trimmed_slope_mb_per_h": (rss[-1][2] - rss[0][2]) / (rss[-1][0] - rss[0][0]) * 3600}

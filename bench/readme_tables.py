@@ -186,7 +186,7 @@ def _ladder_targets(result: dict[str, Any]) -> list[str]:
     sizes = sorted({r["groups"] for r in comms})
     back = {g: statistics.median(r["back_s"] for r in comms if r["groups"] == g and r["back_s"] is not None)
             for g in sizes}
-    steps = {g: statistics.median(r["step_s"] for r in comms if r["groups"] == g) for g in sizes}
+    in_steps = {g: back[g] / statistics.median(r["step_s"] for r in comms if r["groups"] == g) for g in sizes}
     stall = [r["stall_steps"] for r in comms if r["groups"] == sizes[-1] and r["stall_steps"] is not None]
     kills = [r for r in peer if r["kind"] == "kill"]
 
@@ -201,8 +201,8 @@ def _ladder_targets(result: dict[str, Any]) -> list[str]:
             line(f"the R = {sizes[-1]} figure within 2x of the R = {sizes[0]} one",
                  f"{back[sizes[-1]] / back[sizes[0]]:.1f}x", back[sizes[-1]] <= 2 * back[sizes[0]]),
             "  (the same in each R's own median step, which grows with R on 2 cores: "
-            + ", ".join(f"R={g}: {back[g] / steps[g]:.1f}" for g in sizes)
-            + f" steps, {back[sizes[-1]] / steps[sizes[-1]] / (back[sizes[0]] / steps[sizes[0]]):.1f}x)",
+            + ", ".join(f"R={g}: {in_steps[g]:.1f}" for g in sizes)
+            + f" steps, {in_steps[sizes[-1]] / in_steps[sizes[0]]:.1f}x)",
             line(f"survivors' stall at R = {sizes[-1]} <= 2.5 median steps",
                  f"median {statistics.median(stall):.1f} steps" if stall else "-",
                  bool(stall) and statistics.median(stall) <= 2.5),

@@ -133,13 +133,19 @@ class Recovery:
         return self.rungs[-1] if self.rungs else None
 
     @property
+    def rebuilt_at_once(self) -> bool:
+        """Repaired in place by the worker whose collective failed, before the controller knew:
+        the controller's detection is not on its path (the module docstring)."""
+        return self.at_once and self.in_place
+
+    @property
     def in_place(self) -> bool:
         """Repaired in its own processes only (never escalated to replacing them)."""
         return bool(self.rungs) and all(r in IN_PLACE_RUNGS for r in self.rungs or ())
 
     def phase_names(self) -> tuple[str, ...]:
         """The phases this recovery has (see the module docstring)."""
-        if self.at_once and self.in_place:
+        if self.rebuilt_at_once:
             return ("repair", "heal", "rejoin")
         tried_in_place = any(r in IN_PLACE_RUNGS for r in self.rungs or ()) or self.repaired_t is not None
         return tuple(p for p in PHASES if (p not in IN_PLACE_PHASES or tried_in_place)
@@ -172,7 +178,7 @@ class Recovery:
                 "acquire": self.acquired_t, "build": self.respawned_t, "heal": self.healed_t, "rejoin": self.rejoined_t}
         reported = {"detect": self.detection_s, "repair": self.repair_s, "teardown": self.teardown_s,
                     "acquire": self.acquire_s, "heal": self.heal_s}
-        if self.at_once and self.in_place and self.start_t is not None and self.repair_s is not None:
+        if self.rebuilt_at_once and self.start_t is not None and self.repair_s is not None:
             ends["repair"] = self.start_t + self.repair_s  # the worker's own rebuild, from its failed collective
         out, last = [], self.start_t
         for name in self.phase_names():
@@ -207,7 +213,7 @@ class Recovery:
         how = f", acquired by {self.acquired_how}" if self.acquired_how else ""
         rung = f"; rung {' -> '.join(self.rungs)}" if self.rungs else ""
         seen = (f" {self.detection_s:.2f} s after the fault, beside the rebuild"
-                if self.at_once and self.in_place and self.detection_s is not None else "")
+                if self.rebuilt_at_once and self.detection_s is not None else "")
         return (f"{what}: {self.status}, total {total} = {phases}{heal}{how}{rung}; "
                 f"detected by {self.detected_by or '?'}{seen}: {self.reason}")
 

@@ -156,6 +156,7 @@ class DurableCheckpointer:
         import torch.distributed as dist
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint import FileSystemWriter
+        from torch.distributed.checkpoint.api import CheckpointException
 
         t0 = time.time()
         path.mkdir(parents=True, exist_ok=True)
@@ -163,7 +164,7 @@ class DurableCheckpointer:
         try:
             dcp.save(state, storage_writer=FileSystemWriter(str(path)), process_group=self._pg,
                      no_dist=not dist.is_initialized())
-        except _save_errors()[1] as exc:  # an error the caller can handle, not a BaseException
+        except CheckpointException as exc:  # a BaseException (_save_errors): an error the caller can handle
             raise RuntimeError(f"the final save of step {step} to {path} failed: {exc}") from exc
         if self.rank == 0:
             mark_complete(path, self._meta(step), self.keep)
