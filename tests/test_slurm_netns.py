@@ -39,7 +39,7 @@ def netns_cluster(slurm_cluster):
 # which workers in a namespace of their own cannot reach (an attach then times out). A kernel
 # switching cluster modes needs a restart for the same reason (README).
 RUN = """
-import json, sys, time
+import json, sys, threading, time
 from monarch_nb.ft import FTRun, RunConfig
 from monarch_nb.jobs import local_cluster
 from monarch_nb.telemetry.events import Healed
@@ -53,11 +53,24 @@ try:
     run.start()
     run.wait_for_step(3, timeout=180)
     nodes = {g.index: run.session.mesh(g.name).allocation.nodes[0] for g in run.groups}
+    # the counters are sampled all along: the window ends at the first sample after the heal
+    # ended in the worker (its event's t), not when the controller heard of it - the group's
+    # first allreduces (~40 MB on mnb0) fell between the two on a loaded box (CI)
+    samples, done = [], threading.Event()
+
+    def sample():
+        while not done.is_set():
+            samples.append((time.time(), local_cluster.link_bytes()))
+
+    sampler = threading.Thread(target=sample, daemon=True)
     before, since = local_cluster.link_bytes(), time.time()
+    sampler.start()
     run.inject("kill", replica=1)
     healed = run.wait_for(lambda e: isinstance(e, Healed) and e.replica == 1 and e.cause == "recovery",
                           timeout=180, since=since)
-    after = local_cluster.link_bytes()
+    done.set()
+    sampler.join()
+    after = next(b for t, b in samples if t >= healed.t)
     victim_node = run.session.mesh("replica1").allocation.nodes[0]
 finally:
     run.stop()

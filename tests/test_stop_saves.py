@@ -6,7 +6,10 @@ writing, a slow disk); nothing here asserts how long anything took."""
 
 from __future__ import annotations
 
+import threading
+
 import pytest
+from torch.distributed.checkpoint import FileSystemWriter
 
 from monarch_nb.ft import FTRun, RunConfig
 from monarch_nb.ft.spec.checkpoint_format import ABANDONED, COMPLETE, latest_complete, list_checkpoints, step_dir
@@ -109,10 +112,22 @@ def test_a_save_whose_directory_goes_away_mid_write_is_recorded_not_raised(tmp_p
     """DCP then fails in its finish (the metadata write) with ``CheckpointException``, a
     ``BaseException``: it once escaped ``except Exception`` and ended the group's training
     (test_durable's full-disk test, on a loaded box)."""
-    monkeypatch.setenv(SLOW_SAVE_ENV, "1.0")
+    monkeypatch.setenv(SLOW_SAVE_ENV, "2.0")
+    planned = threading.Event()
+    plan = FileSystemWriter.prepare_local_plan
+
+    def plan_and_tell(self, *args, **kwargs):
+        out = plan(self, *args, **kwargs)
+        planned.set()
+        return out
+
+    monkeypatch.setattr(FileSystemWriter, "prepare_local_plan", plan_and_tell)
     events: list[dict] = []
     ck = _checkpointer(tmp_path / "c", events)
     ck.after_commit(5, saver=True)  # staged; the write sleeps first
+    # DCP makes the step's directory again on its writing thread just before the (slowed) write:
+    # the folder is moved after that, or DCP makes it anew and the file below finds a directory (CI)
+    assert planned.wait(timeout=60), "DCP never planned the write"
     (tmp_path / "c").rename(tmp_path / "c-moved")
     (tmp_path / "c").write_text("in the way")
     assert ck.close(timeout=None) is None  # waits for the write, which fails: recorded, not raised
