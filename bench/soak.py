@@ -23,14 +23,14 @@ Days, not minutes: ``--minutes M`` soaks for M minutes instead of ``--faults N``
 MB], ...]) and fits its slope after ``--fit-after`` minutes (``rss_slope_mb_per_hour``). With
 ``--kernel`` the controller is a real Monarch kernel, driven as a user would drive it: cells
 ``%monarch train --replicas R --spares S --checkpoint-every K``, ``%monarch dashboard`` and
-``%monarch schedule --every E --kinds ...``, then a quiet cell every S seconds (a person looking at
+``%monarch schedule --every E --kinds ...`` (``--no-dashboard``: without the dashboard cell), then a quiet cell every S seconds (a person looking at
 the notebook: it shows the failure notices held since the last cell, which are counted in
 ``notices``), and ``%monarch stop`` at the end (``stop_s``: what the user waits for).
 ``worker_failed_events`` counts the run's ``worker_failed`` events (one per failed rank).
 
 Not part of CI (minutes long). Usage:
   python bench/soak.py --faults 50 --every 8 --kinds all [--replicas 3] [--spares 1] [--out FILE.json]
-  python bench/soak.py --minutes 30 --kernel --rss-every 20 --every 20 --spares 1 --out FILE.json
+  python bench/soak.py --minutes 30 --kernel --rss-every 20 --every 20 --spares 1 [--no-dashboard] --out FILE.json
   python bench/soak.py --reread runs/soak-RUN_ID --out FILE.json
 """
 
@@ -276,7 +276,8 @@ def kernel_soak(a: argparse.Namespace, kinds: list[str]) -> dict:
         every = f"--checkpoint-every {a.checkpoint_every} " if a.checkpoint_every else ""
         print(cells.run(f"%monarch train --replicas {a.replicas} --spares {a.spares} {every}--name {name}"),
               flush=True)
-        cells.run("%monarch dashboard")
+        if a.dashboard:
+            cells.run("%monarch dashboard")
         run_dir = cells.run("print(run.run_dir)").strip()
         print(cells.run(f"%monarch schedule --every {a.every:g} --kinds {','.join(kinds)} --seed {a.seed}"), flush=True)
         count_calls = "import monarch_nb.calls as _calls; print(_calls.messages_sent())"
@@ -324,6 +325,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rss-every", type=float, default=20.0, help="seconds between RSS samples of the controller")
     p.add_argument("--fit-after", type=float, default=5.0, help="minutes of warm-up left out of the RSS slope")
     p.add_argument("--kernel", action="store_true", help="the controller is a real Monarch kernel (needs --minutes)")
+    p.add_argument("--no-dashboard", dest="dashboard", action="store_false",
+                   help="--kernel without the '%%monarch dashboard' cell (what the live dashboard costs)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out")
     p.add_argument("--reread", metavar="RUN_DIR", help="recompute the log's fields of --out from RUN_DIR; no run")
