@@ -180,8 +180,8 @@ class SwingResult:
 
     def describe(self) -> str:
         secs = self.recovery_seconds()
-        rec = (f"; recovery median {statistics.median(secs):.0f} s, max {max(secs):.0f} s" if secs else "")
-        spent = ", ".join(f"{n}: {s:.0f} s" for n, s in self.time_at_group_counts.items())
+        rec = (f"; recovery median {_secs(statistics.median(secs))}, max {_secs(max(secs))}" if secs else "")
+        spent = ", ".join(f"{n}: {_secs(s)}" for n, s in self.time_at_group_counts.items())
         sizes = "/".join(str(len(w.replicas)) for w in self.waves)
         return (f"{self.replicas} groups, {_plural(len(self.waves), 'wave')} ({sizes} "
                 f"faults), {self.faults_sent} faults sent, {self.faults_recovered} recovered{rec}; "
@@ -401,6 +401,11 @@ def _live_before(h: RunHistory, t: float) -> int:
 
 
 # ---- figures ---------------------------------------------------------------------------------
+
+
+def _secs(s: float) -> str:
+    """Seconds as a reader wants them: a repair in place takes tenths, a rebuild tens."""
+    return f"{s:.2f} s" if s < 10 else f"{s:.0f} s"
 
 
 def _plural(n: int, word: str) -> str:

@@ -178,3 +178,12 @@ def test_widget_state_is_stored_in_the_executed_notebook(tmp_path):
     meta = json.loads((tmp_path / "w.out.ipynb").read_text())["metadata"]
     state = meta["widgets"]["application/vnd.jupyter.widget-state+json"]["state"]
     assert any(m["model_name"] == "IntProgressModel" and m["state"]["value"] == 3 for m in state.values())
+
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=[nb.name for nb in NOTEBOOKS])
+def test_a_shipped_notebook_is_valid_nbformat_with_cell_ids(notebook):
+    """nbformat 4.5 requires every cell to have an id: without one each run warned
+    (MissingIDFieldWarning, a hard error in a future nbformat) and JupyterLab rewrote the file."""
+    raw = json.loads(notebook.read_text())
+    assert [i for i, c in enumerate(raw["cells"]) if "id" not in c] == [], "cells without an id"
+    nbformat.validate(nbformat.reads(notebook.read_text(), as_version=4))

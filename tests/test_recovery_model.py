@@ -445,6 +445,7 @@ def test_a_communicator_rebuilt_at_once_counts_from_the_fault_to_its_first_commi
     d = rec.durations()
     assert (d["repair"], d["heal"], d["rejoin"]) == (pytest.approx(0.01), None, pytest.approx(0.14))
     assert rec.detection_s == pytest.approx(0.4) and "0.40 s after the fault, beside the rebuild" in str(rec)
+    assert "repair 0.01 + heal none + rejoin 0.14" in str(rec)  # back: no heal happened, not "?"
 
 
 def test_the_ingest_reports_a_rejoin_that_came_before_the_controller_expected_it():

@@ -205,7 +205,9 @@ class Recovery:
         what = f"replica {self.replica}, {self.fault or 'unplanned failure'}" + (
             f" (rank {self.rank})" if self.rank is not None else "")
         total = f"{self.total_s:.2f} s" if self.total_s is not None else "not yet"
-        phases = " + ".join(f"{name} {'?' if d is None else f'{d:.2f}'}" for name, d in self.durations().items())
+        # a phase without a duration: not reached yet, or (once back) it did not happen - no heal
+        missing = "?" if self.total_s is None else "none"
+        phases = " + ".join(f"{name} {missing if d is None else f'{d:.2f}'}" for name, d in self.durations().items())
         heal = (f"; heal transfer {self.heal_s:.2f} s, {self.heal_bytes / 1e6:.1f} MB from {self.heal_from}"
                 + (f" at {self.heal_gbps:.2f} GB/s" if self.heal_gbps else "")
                 + (f", {self.heal_corrupt} corrupt piece(s) refetched" if self.heal_corrupt else "")
