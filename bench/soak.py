@@ -92,10 +92,14 @@ def reread(run_dir: str, out: Path) -> dict:
 
 
 class RssSampler:
-    """The resident memory of process ``pid`` every ``every`` seconds, on a thread: [[s, MB], ...]."""
+    """The resident memory of process ``pid`` every ``every`` seconds, on a thread: [[s, MB], ...],
+    and its parts (``parts``: [[s, anonymous MB, file-backed MB, shared MB], ...] from the kernel's
+    RssAnon/RssFile/RssShmem): a mapped file's pages are cache the system can take back, not a leak."""
 
     def __init__(self, pid: int, every: float) -> None:
         self.samples: list[list[float]] = []
+        self.parts: list[list[float]] = []
+        self._pid = pid
         self._proc = psutil.Process(pid)
         self._every = every
         self._t0 = time.time()
@@ -109,7 +113,11 @@ class RssSampler:
                 mb = self._proc.memory_info().rss / 2**20
             except psutil.Error:
                 return
-            self.samples.append([round(time.time() - self._t0, 1), round(mb, 1)])
+            t = round(time.time() - self._t0, 1)
+            self.samples.append([t, round(mb, 1)])
+            kb = rss_parts_kb(self._pid)
+            if kb:
+                self.parts.append([t, *(round(kb[k] / 1024, 1) for k in ("RssAnon", "RssFile", "RssShmem"))])
             if self._stop.wait(self._every):
                 return
 
@@ -117,6 +125,16 @@ class RssSampler:
         self._stop.set()
         self._thread.join()
         return self.samples
+
+
+def rss_parts_kb(pid: int) -> dict[str, int] | None:
+    """RssAnon, RssFile and RssShmem of ``pid`` in kB (Linux), None when it is gone."""
+    try:
+        lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    except OSError:
+        return None
+    out = {k: int(v.split()[0]) for k, v in (ln.split(":", 1) for ln in lines if ln.startswith("Rss"))}
+    return out if {"RssAnon", "RssFile", "RssShmem"} <= out.keys() else None
 
 
 def slope_mb_per_hour(samples: list[list[float]], after_s: float) -> float | None:
@@ -127,9 +145,15 @@ def slope_mb_per_hour(samples: list[list[float]], after_s: float) -> float | Non
     return statistics.linear_regression([t for t, _ in pts], [mb for _, mb in pts]).slope * 3600
 
 
-def memory_fields(samples: list[list[float]], fit_after_min: float) -> dict:
-    return {"rss_mb": samples, "rss_slope_mb_per_hour": slope_mb_per_hour(samples, fit_after_min * 60),
-            "rss_fit_after_s": fit_after_min * 60}
+def memory_fields(samples: list[list[float]], fit_after_min: float, parts: list[list[float]] | None = None) -> dict:
+    after = fit_after_min * 60
+    out = {"rss_mb": samples, "rss_slope_mb_per_hour": slope_mb_per_hour(samples, after), "rss_fit_after_s": after}
+    if parts:
+        out["rss_parts_mb"] = parts
+        out["rss_part_slopes_mb_per_hour"] = {
+            name: slope_mb_per_hour([[p[0], p[i]] for p in parts], after)
+            for i, name in enumerate(("anon", "file", "shmem"), start=1)}
+    return out
 
 
 def notices_fields(history: RunHistory, notices: list[str]) -> dict:
@@ -210,7 +234,7 @@ def script_soak(a: argparse.Namespace, kinds: list[str]) -> dict:
         "goodput_ratio": soak_rate / base_rate if base_rate else None,
         "final_identical": bool(check and check.identical),
         "stop_s": round(stop_s, 2), "run": run, "calls_per_s": round(calls / max(t_end - t_soak, 1e-9), 2),
-        **memory_fields(samples, a.fit_after), **notices_fields(run.history(), [failure_text(e) for e in shown]),
+        **memory_fields(samples, a.fit_after, rss.parts), **notices_fields(run.history(), [failure_text(e) for e in shown]),
         "shots": shots,
     }
 
@@ -308,7 +332,7 @@ def kernel_soak(a: argparse.Namespace, kinds: list[str]) -> dict:
         "final_identical": check.endswith("True"),
         "stop_s": round(stop_s, 2), "run_dir": run_dir, "calls_per_s": round(calls / calls_s, 2),
         "stop_text": stop_text.strip(), "supervision_poll": poll.strip(),
-        **memory_fields(samples, a.fit_after), **notices_fields(history, cells.notices),
+        **memory_fields(samples, a.fit_after, rss.parts), **notices_fields(history, cells.notices),
     }
 
 

@@ -8,6 +8,8 @@ import json
 import re
 from pathlib import Path
 
+import pytest
+
 from helpers.bench_scripts import load_bench
 
 REPO = Path(__file__).resolve().parent.parent
@@ -72,6 +74,18 @@ def test_the_soak_fits_the_controllers_memory_slope_after_its_warm_up():
     assert abs(soak.slope_mb_per_hour(samples, 300) - 10) < 1e-6
     assert soak.slope_mb_per_hour(samples, 0) > 20  # the warm-up, if fitted, would dominate
     assert soak.slope_mb_per_hour(samples[:2], 0) is None
+
+
+def test_the_soak_splits_resident_memory_into_anonymous_and_file_backed():
+    import os
+
+    soak = load_bench("soak")
+    kb = soak.rss_parts_kb(os.getpid())  # this process, read from /proc as the soak reads the kernel's
+    assert kb and kb["RssAnon"] > 0 and kb["RssFile"] > 0
+    assert soak.rss_parts_kb(2**22 + 7) is None  # no such process
+    parts = [[t, 300.0 + t * 10 / 3600, 50.0 + t * 40 / 3600, 1.0] for t in range(0, 1800, 20)]
+    slopes = soak.memory_fields([[p[0], p[1] + p[2] + p[3]] for p in parts], 5, parts)["rss_part_slopes_mb_per_hour"]
+    assert slopes["anon"] == pytest.approx(10) and slopes["file"] == pytest.approx(40) and slopes["shmem"] == 0
 
 
 def test_the_heal_json_has_every_path_at_every_size_with_fields_bench_heal_writes():
