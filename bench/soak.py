@@ -241,9 +241,15 @@ def script_soak(a: argparse.Namespace, kinds: list[str]) -> dict:
 
 class KernelCells:
     """A real Monarch kernel and the cells a user would type; display output that is a failure
-    notice is collected (``notices``), everything else printed."""
+    notice is collected (``notices``), everything else printed.
 
-    def __init__(self) -> None:
+    ``iopub="always"`` (the default) reads the kernel's output channel all the time on a thread,
+    as a Jupyter server does for an open notebook: the dashboard's updates, sent while no cell
+    runs, are taken as they come. ``iopub="cells"`` reads it only while a cell runs (the client's
+    ``execute_interactive``), so between cells the kernel holds every update unread in its
+    output socket's queue - the soaks before 2026-12-05 21:00 were measured so."""
+
+    def __init__(self, iopub: str = "always") -> None:
         from jupyter_client.manager import KernelManager
 
         from monarch_nb.execute import ensure_kernelspec
@@ -256,28 +262,68 @@ class KernelCells:
         self.client.wait_for_ready(timeout=120)
         self.pid = self.km.provisioner.process.pid
         self.notices: list[str] = []
+        self._lock = threading.Lock()
+        self._cells: dict[str, tuple[list[str], threading.Event]] = {}  # msg_id -> (output, idle)
+        self._closed = threading.Event()
+        self._reader = None
+        if iopub == "always":
+            self._reader = threading.Thread(target=self._read_iopub, name="soak-iopub", daemon=True)
+            self._reader.start()
+
+    def _take(self, msg: dict, out: list[str]) -> None:
+        kind, content = msg["msg_type"], msg["content"]
+        if kind == "stream":
+            out.append(content["text"])
+        elif kind in ("display_data", "execute_result"):
+            text = content.get("data", {}).get("text/plain", "")
+            if text.startswith("monarch: mesh ") and " failed: " in text:
+                self.notices.append(text)
+        elif kind == "error":
+            out.append("\n".join(content["traceback"]))
+
+    def _read_iopub(self) -> None:
+        import queue
+
+        while not self._closed.is_set():
+            try:
+                msg = self.client.get_iopub_msg(timeout=0.2)
+            except queue.Empty:
+                continue
+            with self._lock:
+                cell = self._cells.get(msg.get("parent_header", {}).get("msg_id"))
+                if cell is None:
+                    continue  # the dashboard's updates and other cells' late output: read, dropped
+                self._take(msg, cell[0])
+                if msg["msg_type"] == "status" and msg["content"].get("execution_state") == "idle":
+                    cell[1].set()
 
     def run(self, code: str, timeout: float = 600) -> str:
-        out: list[str] = []
-
-        def hook(msg: dict) -> None:
-            kind, content = msg["msg_type"], msg["content"]
-            if kind == "stream":
-                out.append(content["text"])
-            elif kind in ("display_data", "execute_result"):
-                text = content.get("data", {}).get("text/plain", "")
-                if text.startswith("monarch: mesh ") and " failed: " in text:
-                    self.notices.append(text)
-            elif kind == "error":
-                out.append("\n".join(content["traceback"]))
-
-        reply = self.client.execute_interactive(code, timeout=timeout, output_hook=hook)
+        if self._reader is None:
+            out: list[str] = []
+            reply = self.client.execute_interactive(code, timeout=timeout, output_hook=lambda m: self._take(m, out))
+        else:
+            out, idle = [], threading.Event()
+            with self._lock:  # registered before the reader can see the cell's first output
+                msg_id = self.client.execute(code)
+                self._cells[msg_id] = (out, idle)
+            deadline = time.time() + timeout
+            while True:
+                reply = self.client.get_shell_msg(timeout=max(0.1, deadline - time.time()))
+                if reply["parent_header"].get("msg_id") == msg_id:
+                    break
+            if not idle.wait(max(0.1, deadline - time.time())):
+                raise TimeoutError(f"cell {code!r}: no idle status within {timeout} s")
+            with self._lock:
+                del self._cells[msg_id]
         text = "".join(out)
         if reply["content"]["status"] != "ok":
             raise RuntimeError(f"cell {code!r} failed:\n{text}")
         return text
 
     def close(self) -> None:
+        self._closed.set()
+        if self._reader is not None:
+            self._reader.join()
         self.client.stop_channels()
         if self.km.is_alive():
             self.km.shutdown_kernel(now=True)
@@ -294,7 +340,7 @@ while _time.time() - _t < 180 and any(s["state"] not in ("training", "gave_up", 
 def kernel_soak(a: argparse.Namespace, kinds: list[str]) -> dict:
     """The controller is a real Monarch kernel; the faults are the magics' own schedule."""
     name = f"soak-kernel-{time.strftime('%Y%m%d-%H%M%S')}"
-    cells = KernelCells()
+    cells = KernelCells(iopub=a.iopub)
     rss = RssSampler(cells.pid, a.rss_every)
     try:
         every = f"--checkpoint-every {a.checkpoint_every} " if a.checkpoint_every else ""
@@ -349,6 +395,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rss-every", type=float, default=20.0, help="seconds between RSS samples of the controller")
     p.add_argument("--fit-after", type=float, default=5.0, help="minutes of warm-up left out of the RSS slope")
     p.add_argument("--kernel", action="store_true", help="the controller is a real Monarch kernel (needs --minutes)")
+    p.add_argument("--iopub", choices=("always", "cells"), default="always",
+                   help="--kernel: read the kernel's output all the time, as a Jupyter server does (always), "
+                        "or only while a cell runs (cells: the soaks before 2026-12-05 21:00)")
     p.add_argument("--no-dashboard", dest="dashboard", action="store_false",
                    help="--kernel without the '%%monarch dashboard' cell (what the live dashboard costs)")
     p.add_argument("--seed", type=int, default=0)
