@@ -161,6 +161,10 @@ def test_a_kernel_shut_down_mid_run_stops_the_run_before_its_processes_are_signa
     """), timeout=300)
     assert status == "ok", out
     info = json.loads(out.split("RUN", 1)[1].splitlines()[0])
+    # jupyter_client kills a kernel that has not exited 5 s after its shutdown request; on CI's
+    # loaded box the run's stop once took longer and the log ended 'interrupted'. What is tested is
+    # the order (the run stops before its processes are signalled), not the stop's speed.
+    km.shutdown_wait_time = 60.0
     km.shutdown_kernel(now=False)
     assert_gone(info["pids"], timeout=20)
     from monarch_nb import open_run

@@ -150,3 +150,19 @@ def test_the_save_deadline_follows_the_slowest_save_of_the_run():
     assert save_deadline([]) == SAVE_DEADLINE_MIN_S
     assert save_deadline([0.5, 1.0]) == SAVE_DEADLINE_MIN_S
     assert save_deadline([2.0, 7.0, 4.0]) == 21.0
+
+
+def test_a_failed_saves_record_names_the_ranks_own_error_first():
+    """DCP's CheckpointException text is a traceback; the 300 characters kept once cut off the
+    PermissionError underneath (CI: test_durable's unwritable-folder test)."""
+    import traceback
+
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    from monarch_nb.ft.worker.checkpointer import save_error_text
+
+    cause = PermissionError(13, "Permission denied", "/ckpt/step-0000006")
+    exc = CheckpointException("all_reduce failed", {0: (cause, traceback.StackSummary())})
+    text = save_error_text(exc)
+    assert text.startswith("CheckpointException on rank 0: PermissionError: [Errno 13] Permission denied"), text
+    assert save_error_text(OSError(28, "No space left on device")) == "OSError: [Errno 28] No space left on device"

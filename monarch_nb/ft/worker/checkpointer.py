@@ -45,6 +45,18 @@ def _save_errors() -> tuple[type[BaseException], ...]:
     return (Exception, CheckpointException)
 
 
+def save_error_text(exc: BaseException) -> str:
+    """A failed save's error for its ``checkpoint_failed`` event: DCP wraps what each rank raised
+    in one ``CheckpointException`` whose text is a traceback; the rank's own error (a full disk, a
+    permission) is named first, so the 300 characters kept say what to fix."""
+    failures = getattr(exc, "failures", None)
+    if isinstance(failures, dict) and failures:
+        rank, wrapped = next(iter(failures.items()))
+        cause = wrapped[0] if isinstance(wrapped, tuple) and wrapped else wrapped
+        return f"{type(exc).__name__} on rank {rank}: {type(cause).__name__}: {cause}"[:300]
+    return f"{type(exc).__name__}: {exc}"[:300]
+
+
 def tensor_bytes(obj: Any) -> int:
     """Bytes of every tensor in a nested dict/list: what a heal or a checkpoint moves."""
     import torch
@@ -93,7 +105,7 @@ class DurableCheckpointer:
                                     process_group=self._pg, no_dist=not dist.is_initialized())
         except _save_errors() as exc:  # an unwritable or full disk: the run goes on, the failure is recorded
             self._emit({"kind": "checkpoint_failed", "step": step, "rank": self.rank, "t": time.time(),
-                        "error": f"{type(exc).__name__}: {exc}"[:300]})
+                        "error": save_error_text(exc)})
             return
         written: list[float] = []  # when the write ended (in DCP's writer thread, or at once if it wrote here)
         future.add_done_callback(lambda _: written.append(time.time()))
@@ -117,7 +129,7 @@ class DurableCheckpointer:
                 mark_complete(path, meta, self.keep)
         except _save_errors() as exc:
             self._emit({"kind": "checkpoint_failed", "step": step, "rank": self.rank, "t": time.time(),
-                        "error": f"{type(exc).__name__}: {exc}"[:300]})
+                        "error": save_error_text(exc)})
             return
         self._emit({"kind": "checkpoint_saved", "step": step, "rank": self.rank, "bytes": nbytes,
                     "seconds": (written[0] if written else time.time()) - t0, "stall": stall, "path": str(path),
