@@ -58,8 +58,8 @@ try:
     # first allreduces (~40 MB on mnb0) fell between the two on a loaded box (CI)
     samples, done = [], threading.Event()
 
-    def sample():
-        while not done.is_set():
+    def sample():  # every 50 ms: a reading is ~4 subprocesses, not to be spun on 2 cores
+        while not done.wait(0.05):
             samples.append((time.time(), local_cluster.link_bytes()))
 
     sampler = threading.Thread(target=sample, daemon=True)
@@ -70,7 +70,8 @@ try:
                           timeout=180, since=since)
     done.set()
     sampler.join()
-    after = next(b for t, b in samples if t >= healed.t)
+    # none after it when the event came within a sampling period: a reading now (a wider window)
+    after = next((b for t, b in samples if t >= healed.t), None) or local_cluster.link_bytes()
     victim_node = run.session.mesh("replica1").allocation.nodes[0]
 finally:
     run.stop()

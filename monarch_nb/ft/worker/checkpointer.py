@@ -89,8 +89,7 @@ class DurableCheckpointer:
         if not saver or step % self.every:
             return
         if self._pending is not None:  # the previous save is still writing: skip this one
-            self._emit({"kind": "checkpoint_failed", "step": step, "rank": self.rank, "t": time.time(),
-                        "error": f"skipped: the save of step {self._pending[0]} is still writing"})
+            self._failed(step, f"skipped: the save of step {self._pending[0]} is still writing")
             return
         import torch.distributed as dist
         import torch.distributed.checkpoint as dcp
@@ -104,8 +103,7 @@ class DurableCheckpointer:
             future = dcp.async_save(state, storage_writer=_writer(FileSystemWriter, path),
                                     process_group=self._pg, no_dist=not dist.is_initialized())
         except _save_errors() as exc:  # an unwritable or full disk: the run goes on, the failure is recorded
-            self._emit({"kind": "checkpoint_failed", "step": step, "rank": self.rank, "t": time.time(),
-                        "error": save_error_text(exc)})
+            self._failed(step, save_error_text(exc))
             return
         written: list[float] = []  # when the write ended (in DCP's writer thread, or at once if it wrote here)
         future.add_done_callback(lambda _: written.append(time.time()))
@@ -114,6 +112,9 @@ class DurableCheckpointer:
         # background write happens to end: a resume must continue the schedule where the weights are.
         meta = self._meta(step) if self.rank == 0 else {}
         self._pending = (step, future, t0, stall, tensor_bytes(state), written, meta)
+
+    def _failed(self, step: int, error: str) -> None:
+        self._emit({"kind": "checkpoint_failed", "step": step, "rank": self.rank, "t": time.time(), "error": error})
 
     def _finish_if_done(self, wait: bool = False) -> None:
         if self._pending is None:
@@ -128,8 +129,7 @@ class DurableCheckpointer:
             if self.rank == 0:
                 mark_complete(path, meta, self.keep)
         except _save_errors() as exc:
-            self._emit({"kind": "checkpoint_failed", "step": step, "rank": self.rank, "t": time.time(),
-                        "error": save_error_text(exc)})
+            self._failed(step, save_error_text(exc))
             return
         self._emit({"kind": "checkpoint_saved", "step": step, "rank": self.rank, "bytes": nbytes,
                     "seconds": (written[0] if written else time.time()) - t0, "stall": stall, "path": str(path),
@@ -177,7 +177,7 @@ class DurableCheckpointer:
             dcp.save(state, storage_writer=FileSystemWriter(str(path)), process_group=self._pg,
                      no_dist=not dist.is_initialized())
         except CheckpointException as exc:  # a BaseException (_save_errors): an error the caller can handle
-            raise RuntimeError(f"the final save of step {step} to {path} failed: {exc}") from exc
+            raise RuntimeError(f"the final save of step {step} to {path} failed: {save_error_text(exc)}") from exc
         if self.rank == 0:
             mark_complete(path, self._meta(step), self.keep)
         record = {"kind": "checkpoint_saved", "step": step, "rank": self.rank, "bytes": tensor_bytes(state),
