@@ -145,9 +145,24 @@ def slope_mb_per_hour(samples: list[list[float]], after_s: float) -> float | Non
     return statistics.linear_regression([t for t, _ in pts], [mb for _, mb in pts]).slope * 3600
 
 
+def window_slopes(samples: list[list[float]], window_s: float = 300.0) -> list[list[float]]:
+    """[[from minute, to minute, MB/h], ...] over consecutive windows: a bounded window filling
+    shows as slopes that fall to ~0 once it is full; a leak as slopes that stay."""
+    out: list[list[float]] = []
+    t0, end = 0.0, samples[-1][0] if samples else 0.0
+    while t0 + window_s <= end + 1e-9:
+        pts = [(t, mb) for t, mb in samples if t0 <= t <= t0 + window_s]
+        if len(pts) >= 3:
+            slope = statistics.linear_regression([t for t, _ in pts], [mb for _, mb in pts]).slope * 3600
+            out.append([round(t0 / 60, 1), round((t0 + window_s) / 60, 1), round(slope, 1)])
+        t0 += window_s
+    return out
+
+
 def memory_fields(samples: list[list[float]], fit_after_min: float, parts: list[list[float]] | None = None) -> dict:
     after = fit_after_min * 60
-    out = {"rss_mb": samples, "rss_slope_mb_per_hour": slope_mb_per_hour(samples, after), "rss_fit_after_s": after}
+    out = {"rss_mb": samples, "rss_slope_mb_per_hour": slope_mb_per_hour(samples, after), "rss_fit_after_s": after,
+           "rss_window_slopes_mb_per_hour": window_slopes(samples)}
     if parts:
         out["rss_parts_mb"] = parts
         out["rss_part_slopes_mb_per_hour"] = {

@@ -76,6 +76,18 @@ def test_the_soak_fits_the_controllers_memory_slope_after_its_warm_up():
     assert soak.slope_mb_per_hour(samples[:2], 0) is None
 
 
+def test_the_soak_tells_a_window_filling_from_a_leak_by_its_slope_per_five_minutes():
+    soak = load_bench("soak")
+    # 30 MB filling over the first 15 minutes, then flat; a leak of 12 MB/h beside it
+    fill = [[t, 400.0 + min(t, 900) / 30] for t in range(0, 2400, 20)]
+    leak = [[t, 400.0 + t * 12 / 3600] for t in range(0, 2400, 20)]
+    fill_slopes = [w[2] for w in soak.window_slopes(fill)]
+    assert [w[:2] for w in soak.window_slopes(fill)][:2] == [[0.0, 5.0], [5.0, 10.0]] and len(fill_slopes) == 7
+    assert fill_slopes[0] == pytest.approx(120) and fill_slopes[-1] == pytest.approx(0)
+    assert all(w[2] == pytest.approx(12) for w in soak.window_slopes(leak))
+    assert soak.window_slopes(fill[:10]) == []  # shorter than one window
+
+
 def test_the_soak_splits_resident_memory_into_anonymous_and_file_backed():
     import os
 

@@ -180,3 +180,31 @@ def test_a_call_to_one_actor_keeps_no_port_in_the_controller(session):
     if added["open_port"] < 2.0:
         pytest.skip(f"Monarch no longer keeps a port per call ({added['open_port']:.1f} MB in 6,000 calls)")
     assert added["session"] < added["open_port"] / 3, added
+
+
+def test_a_live_loss_frame_lays_out_no_new_text_as_the_run_goes_on(monkeypatch):
+    """matplotlib keeps the size of every string it lays out (4,096 per renderer): a live frame
+    whose image carried the point count and global step filled that cache for hours of frames."""
+    import matplotlib.text as mtext
+
+    from monarch_nb.notebook.dashboard_curves import PlotData
+    from monarch_nb.notebook.render_plot import LossPlot
+
+    laid_out: set[str] = set()
+    measure = mtext._get_text_metrics_with_cache  # matplotlib's cache, watched (a test may; seam.py is for the product)
+
+    def watched(renderer, text, fontprop, ismath, dpi):
+        laid_out.add(text)
+        return measure(renderer, text, fontprop, ismath, dpi)
+
+    monkeypatch.setattr(mtext, "_get_text_metrics_with_cache", watched)
+    plot = LossPlot()
+    frames = 120
+    for n in range(frames):
+        steps = range(n, n + 100)  # a window of the run moving on: the axes keep their ticks
+        data = PlotData({r: [(float(s), 3.0 - 0.001 * s + 0.1 * r) for s in steps] for r in range(3)}, {},
+                        [(s, 3.0 - 0.001 * s) for s in steps], [], point_count=300 + 3 * n, global_step=n + 99)
+        plot.render(data, legend=False)
+    assert len(laid_out) < frames / 4, f"{len(laid_out)} strings laid out in {frames} frames: {sorted(laid_out)[:12]}"
+    plot.render(data, legend=True)  # the static image still says where the run is
+    assert f"loss: {300 + 3 * (frames - 1)} points, global step {frames + 98}" in laid_out
