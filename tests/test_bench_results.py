@@ -257,3 +257,17 @@ def test_the_overhead_profile_splits_the_training_threads_samples_into_the_steps
     assert out["detail"]["should_commit"] == [{"share": 0.1, "below": "(in the call itself)"}]
     saved = json.loads((Path(__file__).parent.parent / "bench/results/overhead_profile.json").read_text())
     assert saved["training_thread_samples"] > 1000 and set(saved["shares"]) >= {"compute", "quorum", "should_commit"}
+
+
+def test_the_dashboards_curves_are_full_before_the_soaks_fit_window_opens():
+    """At a training run's pace (5 steps/s, 3 groups) the shipped windows fill within the soak's
+    5-minute warm-up; the old 2,000-point window still grew over minutes 5-20, a slope in every soak."""
+    bench = load_bench("dashboard_memory")
+    from monarch_nb.notebook import dashboard_model as dm
+
+    shipped = bench.fit_window_slope(bench.model_fill(dm.POINTS_KEPT, groups=3, steps=6000, step_hz=5.0))
+    old = bench.fit_window_slope(bench.model_fill(2000, groups=3, steps=6000, step_hz=5.0))
+    assert shipped < 0.5 < 2 < old, (shipped, old)
+    recorded = json.loads((REPO / "bench/results/dashboard_memory.json").read_text())
+    assert recorded["shipped_points_kept"] == dm.POINTS_KEPT
+    assert recorded["strings_laid_out"]["live"] < recorded["frames"] / 4 < recorded["strings_laid_out"]["static"]

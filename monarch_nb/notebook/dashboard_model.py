@@ -42,7 +42,7 @@ from ..telemetry.events import (
     TornDown,
     WorkerFailed,
 )
-from .dashboard_curves import GLOBAL_SETTLE_STEPS, LOSS_KEPT, MARKERS_KEPT, POINTS_KEPT, Curve, LossCurves, Marker, PlotData
+from .dashboard_curves import GLOBAL_SETTLE_STEPS, LOSS_KEPT, MARKERS_KEPT, PLOT_POINTS, POINTS_KEPT, Curve, LossCurves, Marker, PlotData
 from .dashboard_format import fmt_bytes
 from .dashboard_groups import LIVE_SERIES_KEPT, GroupHealth, HealthCell, ReplicaRecord
 from .dashboard_quorum import QuorumProgress, QuorumSummary
@@ -320,7 +320,7 @@ class DashboardModel:
     def point_count(self) -> int:
         return self.curves.point_count()
 
-    def plot_data(self, limit: int = 600) -> PlotData:
+    def plot_data(self, limit: int = PLOT_POINTS) -> PlotData:
         """A sampled copy for the plot: O(limit) per group whatever the run's length."""
         return self.curves.plot_data(self.quorum.global_step, limit)
 
