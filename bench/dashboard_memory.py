@@ -53,8 +53,9 @@ def fit_window_slope(rows: list[list[float]], first_min: float = 5, last_min: fl
     return round(statistics.linear_regression([m for m, _ in pts], [mb for _, mb in pts]).slope * 60, 2)
 
 
-def strings_laid_out(frames: int, legend: bool) -> int:
-    """Distinct strings matplotlib measured while ``frames`` frames of a moving run were drawn."""
+def strings_laid_out(frames: int, legend: bool) -> set[str]:
+    """The distinct strings matplotlib measured while ``frames`` frames of a moving run were drawn
+    (a window of 100 steps moving on: the axes keep their ticks)."""
     import matplotlib.text as mtext
 
     from monarch_nb.notebook.render_plot import LossPlot
@@ -73,7 +74,7 @@ def strings_laid_out(frames: int, legend: bool) -> int:
             data = dc.PlotData({r: [(float(s), 3.0 - 0.001 * s + 0.1 * r) for s in steps] for r in range(3)}, {},
                                [(s, 3.0 - 0.001 * s) for s in steps], [], point_count=300 + 3 * n, global_step=n + 99)
             plot.render(data, legend=legend)
-    return len(seen)
+    return seen
 
 
 def main() -> int:
@@ -93,7 +94,7 @@ def main() -> int:
         print(f"points kept {points}: the model holds {rows[-1][2]:.2f} MB after {rows[-1][1]:g} min at {a.step_hz:g} "
               f"steps/s, up to {max(mb for *_, mb in rows):.2f}; it grows {slope:.1f} MB/h over minutes 5-20 "
               "(the soak's fit window)", flush=True)
-    texts = {"live": strings_laid_out(a.frames, legend=False), "static": strings_laid_out(a.frames, legend=True)}
+    texts = {"live": len(strings_laid_out(a.frames, legend=False)), "static": len(strings_laid_out(a.frames, legend=True))}
     print(f"strings laid out in {a.frames} frames: live {texts['live']}, static image {texts['static']}")
     report = {"command": "python bench/dashboard_memory.py " + " ".join(sys.argv[1:]), "shipped_points_kept": dm.POINTS_KEPT,
               "groups": a.groups, "step_hz": a.step_hz, "model_mb_by_points_kept": fills,

@@ -140,8 +140,11 @@ def rss_parts_kb(pid: int) -> dict[str, int] | None:
 def slope_mb_per_hour(samples: list[list[float]], after_s: float) -> float | None:
     """Least-squares slope of RSS over time, from ``after_s`` on (the warm-up is left out)."""
     pts = [(t, mb) for t, mb in samples if t >= after_s]
-    if len(pts) < 3:
-        return None
+    return _mb_per_hour(pts) if len(pts) >= 3 else None
+
+
+def _mb_per_hour(pts: list[tuple[float, float]]) -> float:
+    """Least-squares slope of (seconds, MB) points, in MB an hour."""
     return statistics.linear_regression([t for t, _ in pts], [mb for _, mb in pts]).slope * 3600
 
 
@@ -153,8 +156,7 @@ def window_slopes(samples: list[list[float]], window_s: float = 300.0) -> list[l
     while t0 + window_s <= end + 1e-9:
         pts = [(t, mb) for t, mb in samples if t0 <= t <= t0 + window_s]
         if len(pts) >= 3:
-            slope = statistics.linear_regression([t for t, _ in pts], [mb for _, mb in pts]).slope * 3600
-            out.append([round(t0 / 60, 1), round((t0 + window_s) / 60, 1), round(slope, 1)])
+            out.append([round(t0 / 60, 1), round((t0 + window_s) / 60, 1), round(_mb_per_hour(pts), 1)])
         t0 += window_s
     return out
 

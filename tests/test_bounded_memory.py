@@ -15,6 +15,7 @@ import tracemalloc
 
 import psutil
 import pytest
+from helpers.bench_scripts import load_bench
 from monarch.actor import Actor, endpoint, send
 
 from monarch_nb import seam
@@ -182,29 +183,12 @@ def test_a_call_to_one_actor_keeps_no_port_in_the_controller(session):
     assert added["session"] < added["open_port"] / 3, added
 
 
-def test_a_live_loss_frame_lays_out_no_new_text_as_the_run_goes_on(monkeypatch):
+def test_a_live_loss_frame_lays_out_no_new_text_as_the_run_goes_on():
     """matplotlib keeps the size of every string it lays out (4,096 per renderer): a live frame
     whose image carried the point count and global step filled that cache for hours of frames."""
-    import matplotlib.text as mtext
-
-    from monarch_nb.notebook.dashboard_curves import PlotData
-    from monarch_nb.notebook.render_plot import LossPlot
-
-    laid_out: set[str] = set()
-    measure = mtext._get_text_metrics_with_cache  # matplotlib's cache, watched (a test may; seam.py is for the product)
-
-    def watched(renderer, text, fontprop, ismath, dpi):
-        laid_out.add(text)
-        return measure(renderer, text, fontprop, ismath, dpi)
-
-    monkeypatch.setattr(mtext, "_get_text_metrics_with_cache", watched)
-    plot = LossPlot()
+    bench = load_bench("dashboard_memory")  # it watches matplotlib's cache (a bench may; seam.py is for the product)
     frames = 120
-    for n in range(frames):
-        steps = range(n, n + 100)  # a window of the run moving on: the axes keep their ticks
-        data = PlotData({r: [(float(s), 3.0 - 0.001 * s + 0.1 * r) for s in steps] for r in range(3)}, {},
-                        [(s, 3.0 - 0.001 * s) for s in steps], [], point_count=300 + 3 * n, global_step=n + 99)
-        plot.render(data, legend=False)
-    assert len(laid_out) < frames / 4, f"{len(laid_out)} strings laid out in {frames} frames: {sorted(laid_out)[:12]}"
-    plot.render(data, legend=True)  # the static image still says where the run is
-    assert f"loss: {300 + 3 * (frames - 1)} points, global step {frames + 98}" in laid_out
+    live = bench.strings_laid_out(frames, legend=False)
+    assert len(live) < frames / 4, f"{len(live)} strings laid out in {frames} frames: {sorted(live)[:12]}"
+    static = bench.strings_laid_out(frames, legend=True)  # the static image still says where the run is
+    assert f"loss: {300 + 3 * (frames - 1)} points, global step {frames + 98}" in static
