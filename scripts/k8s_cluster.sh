@@ -327,6 +327,8 @@ up() {
     sleep 0.5
   done
   echo $((SECONDS - t0)) > "$RUN/up_seconds"
+  # The namespace monarch_nb's KubernetesSpec uses by default.
+  kubectl_ get namespace monarch >/dev/null 2>&1 || kubectl_ create namespace monarch >/dev/null
   merge_user_kubeconfig
   log "all $NODES nodes Ready in $((SECONDS - t0)) s"
   kubectl_ get nodes -o wide >&2

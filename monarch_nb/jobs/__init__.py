@@ -126,6 +126,6 @@ def allocate(job: Any, *, hosts: int, procs: int, name: str, log_dir: Path,
     if isinstance(job, KubernetesSpec):
         from .kubernetes import KubernetesAllocation
 
-        return KubernetesAllocation(job, hosts=hosts, procs=procs)
+        return KubernetesAllocation(job, hosts=hosts, procs=procs, name=name, session_dir=log_dir)
     raise ValueError(f"job: unknown value {job!r}; allowed values: local, process, slurm, a SlurmSpec "
                      "or a KubernetesSpec")

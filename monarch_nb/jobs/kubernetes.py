@@ -1,13 +1,13 @@
-"""Kubernetes placement: a ``KubernetesSpec`` becomes Monarch's ``KubernetesJob`` and the manifests to apply.
+"""Kubernetes placement: a ``KubernetesSpec`` becomes a pod set and Monarch's ``KubernetesJob`` on it.
 
 Monarch 0.7.0's ``KubernetesJob`` has two modes and both map from one spec: ``"attach"`` (default)
-finds pods you created by label, and we generate those pods (a StatefulSet); ``"operator"`` makes
-KubernetesJob create ``MonarchMesh`` resources that monarch-operator 0.2.x (installed separately,
-Helm) turns into pods, so we generate only the controller's RBAC. Manifests are plain dicts,
-written as YAML by a small emitter (no PyYAML needed).
-Tested without a cluster: validation, the mapping onto KubernetesJob's real argument names,
-generated manifests and the shipped examples. Never run against a Kubernetes API server: none
-is reachable from this project's machines, so this path is unverified on a real cluster.
+finds pods by label, and monarch_nb makes those pods itself - one pod set (a StatefulSet and its
+headless Service) per host mesh, created through the ``kubernetes`` client when the mesh comes up
+and deleted when it is released (``kubernetes_api``); ``"operator"`` makes KubernetesJob create
+``MonarchMesh`` resources that monarch-operator 0.2.x (installed separately, Helm) turns into
+pods, so we generate only the controller's RBAC. Manifests are plain dicts, written as YAML by
+PyYAML. Runs on the real one-machine cluster of ``scripts/k8s_cluster.sh`` in the tests
+(``local_k8s``); operator mode has not met a cluster (its operator comes from no registry here).
 """
 
 from __future__ import annotations
@@ -15,16 +15,19 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import importlib
-import json
 import re
+import secrets
 import sys
 from dataclasses import dataclass, field
 from importlib import metadata
+from pathlib import Path
 from typing import Any, Literal, Mapping, Sequence
+
+import yaml
 
 from monarch_nb.errors import MonarchNbError
 
-from . import Allocation
+from . import Allocation, JobStatus
 
 Mode = Literal["attach", "operator"]
 MODES: tuple[str, ...] = ("attach", "operator")
@@ -102,6 +105,25 @@ class KubernetesSpec:
     timeout_s: int | None = 600  # KubernetesJob: seconds to wait for ready pods; None = forever
     kubeconfig: str | None = None  # path, for a kernel outside the cluster; None = in-cluster
     attach_to: str | None = None  # "tcp://127.0.0.1:PORT" of your own port-forward to a worker
+    context: str | None = None  # the kubeconfig's context (None: its current one)
+    python: str = "python"  # the worker's interpreter inside the pod (on PATH in the image)
+    # hostPath volumes mounted at the same path in every pod: read-only (code and environment on
+    # the one-machine cluster) and writable (a run's directory); a real cluster bakes the code into
+    # the image and leaves these empty.
+    host_paths: tuple[str, ...] = ()
+    writable_paths: tuple[str, ...] = ()
+    image_pull_policy: str = "IfNotPresent"
+    node_selector: Mapping[str, str] = field(default_factory=dict, hash=False)
+    # attach: monarch_nb creates a pod set per mesh and deletes it on release (False: attach to
+    # pods you made from the generated manifests, and leave them to you)
+    create_pods: bool = True
+    # where Monarch's client listens for its pods: "auto" - with a kubeconfig (a kernel outside
+    # the cluster that routes to pod IPs, as on the one-machine cluster) the local address that
+    # routes to the first pod, in-cluster Monarch's own choice; or an explicit IP address
+    client_address: str | None = "auto"
+    # mount the session's directory (workers' logs, a run's files) writable at the same path in
+    # every pod: on the one-machine cluster workers then write where local workers do
+    mount_session_dir: bool = False
 
     def validate(self) -> KubernetesSpec:
         """Raise ValueError naming the first bad field and what it accepts; return self."""
@@ -147,6 +169,16 @@ class KubernetesSpec:
              f"{self.timeout_s!r} is not a positive number of seconds (or None to wait forever)"),
             ("kubeconfig", self.kubeconfig is None or (isinstance(self.kubeconfig, str) and self.kubeconfig != ""),
              f"{self.kubeconfig!r} is not a path (None means in-cluster config)"),
+            ("python", isinstance(self.python, str) and bool(self.python.strip()),
+             f"{self.python!r} is not an interpreter path or name"),
+            ("host_paths", all(isinstance(p, str) and p.startswith("/") for p in (*self.host_paths,
+                                                                                   *self.writable_paths)),
+             f"{self.host_paths!r} / {self.writable_paths!r}: hostPath volumes need absolute paths"),
+            ("image_pull_policy", self.image_pull_policy in ("Always", "IfNotPresent", "Never"),
+             f"{self.image_pull_policy!r} is not one of Always, IfNotPresent, Never"),
+            ("node_selector", all(_fits(_LABEL_KEY, k, 316) and _fits(_LABEL_VALUE, v, 63)
+                                  for k, v in self.node_selector.items()),
+             f"{dict(self.node_selector)!r} is not a node selector (label key = value)"),
             ("attach_to", self.attach_to is None or (isinstance(self.attach_to, str)
                                                       and self.attach_to.startswith("tcp://")),
              f"{self.attach_to!r} is not a 'tcp://host:port' address"),
@@ -225,11 +257,12 @@ def kubernetes_job_arguments(spec: KubernetesSpec) -> JobArguments:
     return JobArguments(init, add_mesh, image_spec)
 
 
-def make_kubernetes_job(spec: KubernetesSpec) -> Any:
+def make_kubernetes_job(spec: KubernetesSpec, direct_configuration: Any = None) -> Any:
     """Build Monarch's ``KubernetesJob`` (not applied yet; ``job.state(cached_path=None)`` connects).
 
     Importing Monarch's module needs the ``kubernetes`` package; constructing the job sets
-    Monarch's process-wide default transport to TcpWithHostname.
+    Monarch's process-wide default transport to TcpWithHostname. ``direct_configuration``: the
+    API's client configuration for a kernel outside the cluster that reaches pod IPs itself.
     """
     args = kubernetes_job_arguments(spec)
     try:
@@ -243,7 +276,11 @@ def make_kubernetes_job(spec: KubernetesSpec) -> Any:
             "API server, and it is not installed; run `pip install kubernetes` in the notebook kernel's "
             "environment (worker pods do not need it)") from exc
     init = dict(args.init)
-    if init["kubeconfig"] is not None:
+    if direct_configuration is not None:  # this kernel dials pod IPs itself (see seam)
+        from .. import seam
+
+        init["kubeconfig"] = seam.kubernetes_direct_config(direct_configuration)
+    elif init["kubeconfig"] is not None:
         init["kubeconfig"] = k8s.KubeConfig.from_path(init["kubeconfig"])
     job = k8s.KubernetesJob(**init)
     add_mesh = dict(args.add_mesh)
@@ -271,15 +308,31 @@ def manifest_text(spec: KubernetesSpec) -> str:
     header = [
         f"# Generated by monarch_nb.jobs.kubernetes for {_spec_repr(spec)}.",
         "# Regenerate instead of editing: python -m monarch_nb.jobs.kubernetes --help",
-        "# NOT run on a Kubernetes cluster by the monarch_nb project (none is reachable where it is built).",
         "# Steps on a real cluster: deploy/kubernetes/README.md",
     ]
     return "\n".join(header) + "\n" + render_yaml(manifests(spec))
 
 
 def render_yaml(docs: Sequence[Mapping[str, Any]]) -> str:
-    """Multi-document YAML for dicts, lists, strings, ints, bools and None (all a manifest needs)."""
-    return "".join("---\n" + "\n".join(_emit(doc, 0)) + "\n" for doc in docs)
+    """Multi-document YAML (PyYAML), keys in the order written, multi-line strings as blocks."""
+    return yaml.dump_all([dict(doc) for doc in docs], Dumper=_ManifestDumper, explicit_start=True,
+                         sort_keys=False, default_flow_style=False, width=120)
+
+
+class _ManifestDumper(yaml.SafeDumper):
+    """SafeDumper that writes a multi-line string (the worker script) as a literal block and
+    repeats a shared mapping (selector labels) instead of writing YAML anchors."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
+
+
+def _str_representer(dumper: yaml.SafeDumper, value: str) -> yaml.Node:
+    style = "|" if "\n" in value else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+
+_ManifestDumper.add_representer(str, _str_representer)
 
 
 # --- manifest pieces -------------------------------------------------------------------------
@@ -332,7 +385,8 @@ def _stateful_set(spec: KubernetesSpec) -> dict[str, Any]:
     env += [{"name": k, "value": v} for k, v in {**WORKER_ENV, **spec.env}.items()]
     container: dict[str, Any] = {
         "name": "worker", "image": spec.image,
-        "command": ["python", "-u", "-c", WORKER_SCRIPT],
+        "command": [spec.python, "-u", "-c", WORKER_SCRIPT],
+        "imagePullPolicy": spec.image_pull_policy,
         "env": env,
         "ports": [{"name": "monarch", "containerPort": spec.port}],
         # KubernetesJob waits for Ready pods: ready means the worker is listening.
@@ -341,10 +395,23 @@ def _stateful_set(spec: KubernetesSpec) -> dict[str, Any]:
     if resources(spec):
         container["resources"] = {"requests": resources(spec), "limits": resources(spec)}
     # Workers never call the API server, and anyone who reaches their port can run code on them.
-    pod: dict[str, Any] = {"automountServiceAccountToken": False, "containers": [container]}
+    # A worker is stopped by deleting its pod: no grace period to wait out (its state lives in its peers).
+    pod: dict[str, Any] = {"automountServiceAccountToken": False, "containers": [container],
+                           "terminationGracePeriodSeconds": 0}
+    if spec.node_selector:
+        pod["nodeSelector"] = dict(spec.node_selector)
+    mounts: list[dict[str, Any]] = []
+    volumes: list[dict[str, Any]] = []
     if spec.shared_memory is not None:
-        container["volumeMounts"] = [{"name": "dshm", "mountPath": "/dev/shm"}]
-        pod["volumes"] = [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": spec.shared_memory}}]
+        mounts.append({"name": "dshm", "mountPath": "/dev/shm"})
+        volumes.append({"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": spec.shared_memory}})
+    for i, (path, read_only) in enumerate([(p, True) for p in spec.host_paths]
+                                          + [(p, False) for p in spec.writable_paths]):
+        mounts.append({"name": f"host{i}", "mountPath": path, "readOnly": read_only})
+        volumes.append({"name": f"host{i}", "hostPath": {"path": path, "type": "Directory"}})
+    if mounts:
+        container["volumeMounts"] = mounts
+        pod["volumes"] = volumes
     return {
         "apiVersion": "apps/v1", "kind": "StatefulSet",
         "metadata": _meta(spec, spec.mesh, labels={**labels, **spec.labels}),
@@ -382,62 +449,6 @@ def _spec_repr(spec: KubernetesSpec) -> str:
     changed = [f"{f.name}={getattr(spec, f.name)!r}" for f in dataclasses.fields(spec)
                if getattr(spec, f.name) != getattr(default, f.name)]
     return f"KubernetesSpec({', '.join(changed)})"
-
-
-_PLAIN = re.compile(r"[A-Za-z][A-Za-z0-9_./-]*")
-_YAML_WORDS = {"y", "n", "yes", "no", "on", "off", "true", "false", "null"}
-
-
-def _scalar(value: object) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int):
-        return str(value)
-    text = str(value)
-    if _PLAIN.fullmatch(text) and text.lower() not in _YAML_WORDS:
-        return text
-    return json.dumps(text)  # a JSON string is a valid YAML double-quoted scalar
-
-
-def _inline(value: object, indent: int) -> list[str]:
-    """The text after ``key: `` or ``- ``; extra items are whole lines (block scalars)."""
-    if isinstance(value, dict) and not value:
-        return ["{}"]
-    if isinstance(value, list) and not value:
-        return ["[]"]
-    if (isinstance(value, str) and "\n" in value and value.endswith("\n") and not value.endswith("\n\n")
-            and not value.startswith((" ", "\n"))
-            and all(line == line.rstrip() for line in value.splitlines())):
-        pad = "  " * (indent + 1)
-        return ["|", *[pad + line if line else "" for line in value[:-1].split("\n")]]
-    return [_scalar(value)]
-
-
-def _emit(value: Any, indent: int) -> list[str]:
-    pad = "  " * indent
-    lines: list[str] = []
-    if isinstance(value, dict):
-        for key, item in value.items():
-            if isinstance(item, (dict, list)) and item:
-                lines += [f"{pad}{_scalar(key)}:", *_emit(item, indent + 1)]
-            else:
-                first, *rest = _inline(item, indent)
-                lines += [f"{pad}{_scalar(key)}: {first}", *rest]
-        return lines
-    if isinstance(value, list):
-        for item in value:
-            if isinstance(item, list) and item:
-                raise TypeError("render_yaml: lists of lists are not needed by any manifest")
-            if isinstance(item, dict) and item:
-                first, *rest = _emit(item, indent + 1)
-                lines += [f"{pad}- {first.lstrip()}", *rest]
-            else:
-                first, *rest = _inline(item, indent)
-                lines += [f"{pad}- {first}", *rest]
-        return lines
-    raise TypeError(f"render_yaml: a document must be a mapping, not {type(value).__name__}")
 
 
 # --- command line ----------------------------------------------------------------------------
@@ -483,39 +494,128 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-if __name__ == "__main__":
-    sys.exit(main())
-
 
 class KubernetesAllocation(Allocation):
     """The hosts of one mesh from Kubernetes pods, through Monarch's ``KubernetesJob``.
 
-    Not run on a cluster by this project (none is reachable here); ``start`` is exercised with a
-    simulated Monarch module only. In "attach" mode Monarch cannot delete the pods it attached
-    to: ``release`` stops the connection and leaves the StatefulSet to the user.
+    In attach mode (with ``create_pods``) the allocation is a pod set of its own, named after the
+    mesh plus a random suffix (a replaced group never meets its predecessor's terminating pods):
+    created through the API, waited for with Kubernetes' reasons, watched (a pod deleted, evicted
+    or gone NotReady fails the mesh at once, as a cancelled SLURM job does), and deleted on release
+    or, if the kernel dies, by the reaper. Operator mode hands the pods to Monarch's MonarchMesh.
     """
 
     kind = "kubernetes"
     local = False
 
-    def __init__(self, spec: KubernetesSpec, *, hosts: int, procs: int) -> None:
-        self.spec = with_shape(spec, hosts=hosts, procs=procs)
+    def __init__(self, spec: KubernetesSpec, *, hosts: int, procs: int, name: str = "workers",
+                 session_dir: Path | None = None) -> None:
+        spec = with_shape(spec, hosts=hosts, procs=procs)
+        if spec.mount_session_dir and session_dir is not None:
+            session_dir.mkdir(parents=True, exist_ok=True)
+            spec = dataclasses.replace(spec, writable_paths=(*spec.writable_paths, str(session_dir.resolve())))
+        self.spec = spec
+        from .kubernetes_api import ApiTarget
+
+        self.target = ApiTarget(self.spec.namespace, self.spec.kubeconfig, self.spec.context)
+        owns = self.spec.mode == "attach" and self.spec.create_pods
+        self.pod_set = pod_set_name(self.spec.mesh, name) if owns else None
+        self.mesh_spec = dataclasses.replace(self.spec, mesh=self.pod_set) if owns else self.spec
+        self.job_id = f"{self.spec.namespace}/{self.mesh_spec.mesh}"
+        self.pods: list[str] = []
+        self.nodes: list[str] = []
         self._job: Any = None
+        self._api: Any = None
+        self._watch: Any = None
 
     def start(self) -> Any:
-        self._job = make_kubernetes_job(self.spec)
+        from . import kubernetes_api as kapi
+        from .kubernetes_watch import PodSetWatch
+
+        spec = self.mesh_spec
+        self._api = kapi.api_client(self.target)
         try:
+            if self.pod_set is not None:
+                kapi.require_namespace(self._api, self.target)
+                kapi.apply(self._api, [_service(spec), _stateful_set(spec)])
+                if self.on_submit is not None:  # guarded from now on: the kernel may die before it runs
+                    self.on_submit(self.reaper_commands())
+            pods = kapi.wait_ready(self._api, self.target, label_selector(spec), spec.hosts or 1,
+                                   float(spec.timeout_s or 600))
+            self.pods = [p.metadata.name for p in pods]
+            self.nodes = [p.spec.node_name or "" for p in pods]
+            self._watch = PodSetWatch(self._api, self.target, label_selector(spec), self.pods)
+            direct = None
+            if spec.kubeconfig is not None and spec.attach_to is None and spec.client_address is not None:
+                direct = self._api.configuration
+            self._job = make_kubernetes_job(spec, direct_configuration=direct)
+            if direct is not None:
+                _listen_where_pods_reach(spec.client_address, pods[0].status.pod_ip)
             self.job_state = self._job.state(cached_path=None)
-            return getattr(self.job_state, self.spec.mesh)
+            return getattr(self.job_state, spec.mesh)
         except BaseException:
             self.release()
             raise
 
+    def status(self) -> JobStatus | None:
+        """What the pod and node watch last saw (no API call): RUNNING, or why a pod is not."""
+        if self._watch is None:
+            return None
+        return self._watch.status(self.job_id)
+
+    def reaper_commands(self) -> list[list[str]]:
+        if self.pod_set is None:
+            return []
+        command = [sys.executable, "-m", "monarch_nb.jobs.kubernetes_api", "delete",
+                   "--namespace", self.spec.namespace, "--name", self.pod_set,
+                   "--selector", label_selector(self.mesh_spec)]
+        if self.spec.kubeconfig is not None:
+            command += ["--kubeconfig", self.spec.kubeconfig]
+        if self.spec.context is not None:
+            command += ["--context", self.spec.context]
+        return [command]
+
     def release(self, timeout: float = 10.0) -> None:
+        watch, self._watch = self._watch, None
+        if watch is not None:
+            watch.close()
         job, self._job = self._job, None
-        if job is None:
-            return
-        try:
-            job.kill()
-        except NotImplementedError:  # attach mode: the pods are the user's; only the connection ends
-            pass
+        if job is not None:
+            try:
+                job.kill()
+            except NotImplementedError:  # attach mode: Monarch does not delete pods; we do below
+                pass
+        api, self._api = self._api, None
+        if api is not None and self.pod_set is not None:
+            from . import kubernetes_api as kapi
+
+            kapi.delete(api, self.target, self.pod_set, selector=label_selector(self.mesh_spec),
+                        timeout_s=max(timeout, 30.0))
+        if api is not None:
+            api.close()
+
+
+def pod_set_name(mesh: str, name: str) -> str:
+    """A pod set's name: the spec's mesh, the session's mesh name (letters and digits) and a
+    random suffix, within Monarch's and the StatefulSet's 52 lowercase letters and digits."""
+    cleaned = re.sub(r"[^a-z0-9]", "", name.lower())
+    return f"{mesh}{cleaned}"[:46] + secrets.token_hex(3)
+
+
+def _listen_where_pods_reach(address: str | None, pod_ip: str) -> None:
+    """Make Monarch's client listen on an address the pods route to ("auto": the local address
+    of the route to ``pod_ip``); KubernetesJob set a hostname transport, and this machine's
+    hostname may resolve to loopback only."""
+    import socket
+
+    import monarch.config
+
+    if address == "auto":
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.connect((pod_ip, 9))  # a UDP connect sends nothing: it only picks the route
+            address = probe.getsockname()[0]
+    monarch.config.configure(default_transport=f"tcp://{address}:0")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,59 @@
+"""The one-machine Kubernetes cluster of ``scripts/k8s_cluster.sh``, from Python (tests, notebooks, benchmarks).
+
+``spec()`` is the :class:`KubernetesSpec` for it: the worker image built on this machine
+(``scripts/k8s_images.sh``), the kernel's own interpreter, and this checkout with its ``.venv``
+mounted read-only at the same path in every pod, so pods run exactly the kernel's torch,
+torchmonarch and monarch_nb (a real cluster bakes them into its image instead). The kernel reads
+the API through the ``monarch-nb`` context that ``up`` merged into the user's kubeconfig.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from .kubernetes import KubernetesSpec
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPT = REPO / "scripts" / "k8s_cluster.sh"
+CONTEXT = "monarch-nb"
+IMAGE = "docker.io/monarch-nb/worker:1"
+
+
+def kubeconfig_path() -> str:
+    """The kubeconfig ``up`` merged its context into (kind's rule: $KUBECONFIG's first file, else ~/.kube/config)."""
+    first = os.environ.get("KUBECONFIG", "").split(os.pathsep)[0]
+    return first or str(Path.home() / ".kube" / "config")
+
+
+def code_paths() -> tuple[str, ...]:
+    """Directories the worker needs from this machine: the checkout, the interpreter's environment
+    (one when the venv lives in the checkout) and the interpreter the venv was made from, unless
+    that is Debian's own (/usr: the worker image has the same Python 3.11 of Debian 12)."""
+    paths = {str(REPO), os.path.realpath(sys.prefix)}
+    base = os.path.realpath(sys.base_prefix)
+    if base not in ("/usr", "/"):
+        paths.add(base)
+    paths = sorted(paths)
+    return tuple(p for p in paths if not any(p != q and p.startswith(q + os.sep) for q in paths))
+
+
+def spec(**overrides: Any) -> KubernetesSpec:
+    """A KubernetesSpec for the local cluster; any field may be overridden."""
+    fields: dict[str, Any] = dict(image=IMAGE, kubeconfig=kubeconfig_path(), context=CONTEXT,
+                                  python=os.path.join(sys.prefix, "bin", "python"),
+                                  host_paths=code_paths(), mount_session_dir=True, timeout_s=120)
+    fields.update(overrides)
+    return KubernetesSpec(**fields).validate()
+
+
+def run(action: str, *args: str, timeout: float = 900) -> subprocess.CompletedProcess:
+    """``scripts/k8s_cluster.sh ACTION ARGS`` (up, down, status, stop-node nK, start-node nK)."""
+    return subprocess.run([str(SCRIPT), action, *args], capture_output=True, text=True, timeout=timeout)
+
+
+def is_up() -> bool:
+    return run("status", timeout=60).returncode == 0
