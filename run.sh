@@ -4,10 +4,12 @@
 #
 #   ./run.sh lab     set up, then start JupyterLab on 127.0.0.1 with notebooks/ and the Monarch kernel
 #   ./run.sh demo    set up, then run the fault-tolerant training notebook headless (writes runs/ and an output notebook)
-#   ./run.sh test    set up, start the local SLURM cluster, run the whole test suite, stop the cluster
+#   ./run.sh test    set up, start the local SLURM and Kubernetes clusters, run the whole test suite, stop them
 #   ./run.sh test --quick   the inner loop: no slow, SLURM or browser tests (< 3 min; no cluster, no chromium)
 #   ./run.sh slurm up|down|status   a real one-machine SLURM cluster (2 virtual nodes) for notebooks/05
 #                    (`up --netns [--link-rate 2gbit]`: each node in its own network namespace)
+#   ./run.sh k8s up|down|status     a real one-machine Kubernetes cluster (2 nodes), built from
+#                    Kubernetes' Go modules on first use (cached), context "monarch-nb" in ~/.kube/config
 #   ./run.sh setup   only set up
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -92,19 +94,25 @@ case "$cmd" in
     if [ "${1:-}" = --quick ]; then
       shift
       log "running the quick lane (not slow, not slurm, not browser; more pytest arguments may follow)"
-      exec "$PY" -m pytest -m "not slow and not slurm and not browser" "$@"
+      exec "$PY" -m pytest -m "not slow and not slurm and not k8s and not browser" "$@"
     fi
     setup_browser
     log "starting the local SLURM cluster for the cluster tests"
     scripts/slurm_cluster.sh up
-    trap 'scripts/slurm_cluster.sh down >/dev/null 2>&1 || true' EXIT
+    trap 'scripts/slurm_cluster.sh down >/dev/null 2>&1 || true; scripts/k8s_cluster.sh down >/dev/null 2>&1 || true' EXIT
+    log "starting the local Kubernetes cluster (the first time builds Kubernetes from its Go modules)"
+    scripts/k8s_cluster.sh up
     log "running the test suite"
-    MONARCH_NB_REQUIRE_SLURM=1 "$PY" -m pytest "$@" ;;
+    MONARCH_NB_REQUIRE_SLURM=1 MONARCH_NB_REQUIRE_K8S=1 "$PY" -m pytest "$@" ;;
+  k8s)
+    # `up` also sets up the environment: a notebook can then use job=kubernetes at once.
+    [ "${1:-status}" = up ] && setup_python
+    exec scripts/k8s_cluster.sh "${1:-status}" "${@:2}" ;;
   slurm)
     # `up` also sets up the environment: it is all a fresh machine needs before
     # `.venv/bin/monarch-nb execute notebooks/05_cluster.ipynb`.
     [ "${1:-status}" = up ] && setup_python
     exec scripts/slurm_cluster.sh "${1:-status}" "${@:2}" ;;
   *)
-    sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+    sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
 esac

@@ -337,13 +337,10 @@ up() {
 down() {
   BIN="$(cat "$RUN/bin" 2>/dev/null || true)"
   if [ -n "$BIN" ] && kubectl_ get --raw /readyz >/dev/null 2>&1; then
-    # While the kubelets run they stop their pods properly (CNI teardown, sandbox netns removed).
-    local ns
-    for ns in $(kubectl_ get ns -o jsonpath='{.items[*].metadata.name}'); do
-      case "$ns" in kube-system|kube-public|kube-node-lease|default) ;; *)
-        kubectl_ delete ns "$ns" --wait=false >/dev/null 2>&1 || true ;; esac
-    done
-    kubectl_ delete pods --all -A --grace-period=1 --timeout=40s >/dev/null 2>&1 || true
+    # While the kubelets run they stop their pods properly (CNI teardown, sandbox netns removed):
+    # first whatever would make pods again, then the pods.
+    kubectl_ delete statefulsets,deployments,replicasets,daemonsets,jobs --all -A --wait=false >/dev/null 2>&1 || true
+    kubectl_ delete pods --all -A --grace-period=0 --timeout=40s >/dev/null 2>&1 || true
   fi
   local n
   for n in $(node_names_present); do
@@ -353,6 +350,9 @@ down() {
   done
   stop kube-scheduler; stop kube-controller-manager; stop kube-apiserver; stop etcd
   reap_leftovers
+  # A cluster comes up empty (kind's rule): no object of the last one (a namespace left
+  # terminating, a node's old registration) outlives `down`. Certificates and images are kept.
+  rm -rf "$DIR/etcd" "$RUN/up_seconds"
   log "down: no process, mount, network namespace or iptables rule of the cluster left"
 }
 

@@ -201,6 +201,24 @@ def slurm_cluster():
     assert not ours, f"SLURM jobs left behind: {ours}"
 
 
+@pytest.fixture(scope="session")
+def k8s_cluster():
+    """The real one-machine Kubernetes cluster (`./run.sh k8s up`; `./run.sh test` starts it).
+
+    Under `./run.sh test` (MONARCH_NB_REQUIRE_K8S=1) a missing cluster fails the tests; a bare
+    `pytest` skips them with how to start it. Afterwards no pod or pod set of ours may be left."""
+    from monarch_nb.jobs import local_k8s
+
+    if not local_k8s.is_up():
+        why = "the local Kubernetes cluster is not up"
+        if os.environ.get("MONARCH_NB_REQUIRE_K8S"):
+            pytest.fail(f"{why}; ./run.sh test starts it with scripts/k8s_cluster.sh up")
+        pytest.skip(f"{why}: start it with `./run.sh k8s up`")
+    yield local_k8s
+    left = local_k8s.project_pods()
+    assert not left, f"Kubernetes pods or pod sets left behind: {left}"
+
+
 @pytest.fixture
 def kernel():
     """A real Monarch kernel (the kernelspec in kernels/monarch) and a blocking client."""

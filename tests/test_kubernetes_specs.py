@@ -355,21 +355,3 @@ def test_command_line_reports_the_bad_field_without_a_cluster(capsys):
         k8s.main(["--mesh", "my-workers"])
     assert info.value.code == 2
     assert "mesh: 'my-workers'" in capsys.readouterr().err
-
-
-def test_session_job_spec_becomes_a_kubernetes_allocation_simulated_without_a_cluster(monkeypatch, tmp_path):
-    """``Session.up(job=KubernetesSpec(...))`` asks ``allocate`` for hosts; here Monarch's module is
-    simulated (no API server), so this checks the wiring, not a cluster."""
-    from monarch_nb.jobs import allocate
-
-    fake = _FakeMonarchKubernetes()
-    fake.KubernetesJob.state = lambda self, cached_path=None: types.SimpleNamespace(workers="host-mesh")
-    fake.KubernetesJob.kill = lambda self: (_ for _ in ()).throw(NotImplementedError("attach mode"))
-    monkeypatch.setitem(sys.modules, "kubernetes", types.ModuleType("kubernetes"))
-    monkeypatch.setitem(sys.modules, "monarch.job.kubernetes", fake)
-    allocation = allocate(KubernetesSpec(mesh="workers"), hosts=2, procs=1, name="k8s", log_dir=tmp_path)
-    assert allocation.kind == "kubernetes" and not allocation.local and allocation.spec.hosts == 2
-    assert allocation.start() == "host-mesh"
-    allocation.release()  # attach mode cannot delete pods: release ends the connection, does not raise
-    with pytest.raises(ValueError, match="^hosts: "):
-        allocate(KubernetesSpec(mesh="workers", hosts=3), hosts=2, procs=1, name="k8s", log_dir=tmp_path)

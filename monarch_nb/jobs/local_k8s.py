@@ -57,3 +57,29 @@ def run(action: str, *args: str, timeout: float = 900) -> subprocess.CompletedPr
 
 def is_up() -> bool:
     return run("status", timeout=60).returncode == 0
+
+
+def api() -> Any:
+    """An API client for the local cluster (the ``monarch-nb`` context)."""
+    from kubernetes import config
+
+    return config.new_client_from_config(config_file=kubeconfig_path(), context=CONTEXT)
+
+
+def project_pods(namespace: str | None = None) -> list[str]:
+    """Every StatefulSet and pod of monarch_nb workers on the local cluster ("kind/namespace/name")."""
+    from kubernetes import client
+
+    from .kubernetes import APP_LABEL, APP_VALUE
+
+    selector = f"{APP_LABEL}={APP_VALUE}"
+    with api() as a:
+        core, apps = client.CoreV1Api(a), client.AppsV1Api(a)
+        if namespace is None:
+            pods = core.list_pod_for_all_namespaces(label_selector=selector).items
+            sets = apps.list_stateful_set_for_all_namespaces(label_selector=selector).items
+        else:
+            pods = core.list_namespaced_pod(namespace, label_selector=selector).items
+            sets = apps.list_namespaced_stateful_set(namespace, label_selector=selector).items
+    return ([f"statefulset/{s.metadata.namespace}/{s.metadata.name}" for s in sets]
+            + [f"pod/{p.metadata.namespace}/{p.metadata.name}" for p in pods])
