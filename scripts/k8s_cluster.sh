@@ -193,7 +193,7 @@ start_control_plane() {
 write_node_config() {  # the node's containerd, CNI and kubelet configuration
   local n=$1 k d
   k=$(node_index "$n"); d=$(node_dir "$n")
-  mkdir -p "$d/cni" "$d/kubelet" "$d/containerd/root" "$d/containerd/state" "$d/opt"
+  mkdir -p "$d/cni" "$d/kubelet" "$d/pod-logs" "$d/containerd/root" "$d/containerd/state" "$d/opt"
   cat > "$d/containerd.toml" <<EOF
 version = 2
 root = "$d/containerd/root"
@@ -250,6 +250,7 @@ port: $((10250 + 10 * (k - 1)))
 healthzPort: $((10248 + 10 * (k - 1)))
 healthzBindAddress: 127.0.0.1
 readOnlyPort: 0
+podLogsDir: "$d/pod-logs"
 podCIDR: "$POD_NET.$k.0/24"
 nodeLeaseDurationSeconds: 8
 nodeStatusUpdateFrequency: 2s

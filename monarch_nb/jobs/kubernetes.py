@@ -113,6 +113,7 @@ class KubernetesSpec:
     host_paths: tuple[str, ...] = ()
     writable_paths: tuple[str, ...] = ()
     image_pull_policy: str = "IfNotPresent"
+    working_dir: str | None = None  # the worker's directory in the pod (None: the image's)
     node_selector: Mapping[str, str] = field(default_factory=dict, hash=False)
     # attach: monarch_nb creates a pod set per mesh and deletes it on release (False: attach to
     # pods you made from the generated manifests, and leave them to you)
@@ -174,6 +175,9 @@ class KubernetesSpec:
             ("host_paths", all(isinstance(p, str) and p.startswith("/") for p in (*self.host_paths,
                                                                                    *self.writable_paths)),
              f"{self.host_paths!r} / {self.writable_paths!r}: hostPath volumes need absolute paths"),
+            ("working_dir", self.working_dir is None or (isinstance(self.working_dir, str)
+                                                         and self.working_dir.startswith("/")),
+             f"{self.working_dir!r} is not an absolute path"),
             ("image_pull_policy", self.image_pull_policy in ("Always", "IfNotPresent", "Never"),
              f"{self.image_pull_policy!r} is not one of Always, IfNotPresent, Never"),
             ("node_selector", all(_fits(_LABEL_KEY, k, 316) and _fits(_LABEL_VALUE, v, 63)
@@ -387,6 +391,7 @@ def _stateful_set(spec: KubernetesSpec) -> dict[str, Any]:
         "name": "worker", "image": spec.image,
         "command": [spec.python, "-u", "-c", WORKER_SCRIPT],
         "imagePullPolicy": spec.image_pull_policy,
+        **({"workingDir": spec.working_dir} if spec.working_dir else {}),
         "env": env,
         "ports": [{"name": "monarch", "containerPort": spec.port}],
         # KubernetesJob waits for Ready pods: ready means the worker is listening.
@@ -400,6 +405,10 @@ def _stateful_set(spec: KubernetesSpec) -> dict[str, Any]:
                            "terminationGracePeriodSeconds": 0}
     if spec.node_selector:
         pod["nodeSelector"] = dict(spec.node_selector)
+    # Spread a mesh's pods over the nodes where it can (a node lost then takes as few hosts as it can).
+    pod["topologySpreadConstraints"] = [{"maxSkew": 1, "topologyKey": "kubernetes.io/hostname",
+                                         "whenUnsatisfiable": "ScheduleAnyway",
+                                         "labelSelector": {"matchLabels": labels}}]
     mounts: list[dict[str, Any]] = []
     volumes: list[dict[str, Any]] = []
     if spec.shared_memory is not None:

@@ -124,11 +124,13 @@ def last_log_line(api: Any, pod: Any) -> str:
     from kubernetes.client.exceptions import ApiException
 
     core = client.CoreV1Api(api)
-    for previous in (True, False):
-        try:
-            text = core.read_namespaced_pod_log(pod.metadata.name, pod.metadata.namespace,
-                                                previous=previous, tail_lines=5)
+    for previous in (False, True):  # the container that just exited, else the one before it
+        try:  # the raw bytes: the client's own decoding returns the repr of bytes (kubernetes 36)
+            text = core.read_namespaced_pod_log(pod.metadata.name, pod.metadata.namespace, previous=previous,
+                                                tail_lines=5, _preload_content=False).data.decode(errors="replace")
         except ApiException:
+            continue
+        if text.startswith("unable to retrieve container logs"):  # the kubelet's words for "none kept"
             continue
         lines = [line for line in (text or "").splitlines() if line.strip()]
         if lines:

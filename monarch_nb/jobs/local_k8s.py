@@ -21,6 +21,9 @@ REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "k8s_cluster.sh"
 CONTEXT = "monarch-nb"
 IMAGE = "docker.io/monarch-nb/worker:1"
+# This machine's address on node nK's pod bridge (the script's 10.244.K.1): where Monarch's client
+# listens for the pods, and where the run's Lighthouse binds.
+POD_GATEWAYS = tuple(f"10.244.{k}.1" for k in range(1, 10))
 
 
 def kubeconfig_path() -> str:
@@ -42,10 +45,19 @@ def code_paths() -> tuple[str, ...]:
 
 
 def spec(**overrides: Any) -> KubernetesSpec:
-    """A KubernetesSpec for the local cluster; any field may be overridden."""
+    """A KubernetesSpec for the local cluster; any field may be overridden.
+
+    Pods start where local workers would: in the kernel's directory when it is mounted, with the
+    kernel's PYTHONPATH, so an actor class imported from a module beside the notebook (or a test)
+    is found by the pod's worker as by a local one."""
+    paths = code_paths()
+    cwd = os.getcwd()
+    env = {"PYTHONPATH": os.environ["PYTHONPATH"]} if os.environ.get("PYTHONPATH") else {}
     fields: dict[str, Any] = dict(image=IMAGE, kubeconfig=kubeconfig_path(), context=CONTEXT,
                                   python=os.path.join(sys.prefix, "bin", "python"),
-                                  host_paths=code_paths(), mount_session_dir=True, timeout_s=120)
+                                  host_paths=paths, mount_session_dir=True, timeout_s=120, env=env,
+                                  working_dir=cwd if any(cwd == p or cwd.startswith(p + os.sep) for p in paths)
+                                  else None)
     fields.update(overrides)
     return KubernetesSpec(**fields).validate()
 

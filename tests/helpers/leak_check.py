@@ -21,10 +21,11 @@ from typing import Any
 import psutil
 
 from monarch_nb.jobs.local_cluster import CONTROLLER_ADDRS
+from monarch_nb.jobs.local_k8s import POD_GATEWAYS
 
 GRACE_S = 5.0  # threads join, processes exit, sockets close and jobs leave squeue within this
 POLL_S = 0.05
-MONARCH_CLIENT_ADDRS = (*CONTROLLER_ADDRS, "::1")
+MONARCH_CLIENT_ADDRS = (*CONTROLLER_ADDRS, *POD_GATEWAYS, "::1")
 
 
 @dataclass(frozen=True)
@@ -107,7 +108,7 @@ def _children() -> dict[tuple[int, float], tuple[int, str]]:
 
 def _listening() -> dict[str, str]:
     """Listening sockets of this process, except Monarch's client on the netns cluster's controller
-    address and on IPv6 loopback: the client listens once per channel transport for the life of the
+    address, on the Kubernetes cluster's pod gateways and on IPv6 loopback: the client listens once per channel transport for the life of the
     process (measured: still listening 60 s after its last mesh, and after Session.shutdown), and
     only it binds there in this process. (In the whole suite the loopback listener is opened before
     the SLURM tests by test_ft_placement's ProcessJob; run alone, test_slurm.py's first test opened
