@@ -414,8 +414,9 @@ def _stateful_set(spec: KubernetesSpec) -> dict[str, Any]:
     if spec.shared_memory is not None:
         mounts.append({"name": "dshm", "mountPath": "/dev/shm"})
         volumes.append({"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": spec.shared_memory}})
-    for i, (path, read_only) in enumerate([(p, True) for p in spec.host_paths]
-                                          + [(p, False) for p in spec.writable_paths]):
+    paths = {p: True for p in spec.host_paths}
+    paths.update((p, False) for p in spec.writable_paths)  # a path named both ways is writable
+    for i, (path, read_only) in enumerate(paths.items()):
         mounts.append({"name": f"host{i}", "mountPath": path, "readOnly": read_only})
         volumes.append({"name": f"host{i}", "hostPath": {"path": path, "type": "Directory"}})
     if mounts:

@@ -83,7 +83,7 @@ class Lighthouse:
         if not line:
             self.stop()
             raise RuntimeError(f"torchft Lighthouse did not start within {timeout:g} s (bind {bind})")
-        self.address = json.loads(line)["address"]
+        self.address = advertised(json.loads(line)["address"], bind)
         return self
 
     def exit_status(self) -> str | None:
@@ -108,3 +108,15 @@ class Lighthouse:
         finally:
             if proc.stdout:
                 proc.stdout.close()
+
+
+def advertised(address: str, bind: str) -> str:
+    """torchft's Lighthouse names itself by this machine's hostname; a server bound to one address
+    is reached at that address (a pod cannot resolve the host's name), one bound to all
+    interfaces by its name."""
+    host = bind.rsplit(":", 1)[0].strip("[]")
+    if host in ("", "0.0.0.0", "::"):
+        return address
+    scheme, _, rest = address.partition("://")
+    port = rest.rsplit(":", 1)[1]
+    return f"{scheme}://{host}:{port}"

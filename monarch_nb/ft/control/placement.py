@@ -11,7 +11,7 @@ import threading
 from typing import Any, Callable
 
 from ... import seam
-from ..spec.config import slurm_spec
+from ..spec.config import kubernetes_spec, slurm_spec
 
 
 class Placement:
@@ -32,6 +32,9 @@ class Placement:
     def extra_pids(self) -> list[int]:
         """Processes the placement started besides the workers (checked for orphans after stop)."""
         return []
+
+    def share(self, run_dir: str, data_dir: str) -> None:
+        """Where the run writes and what its workers read, for placements that must mount them."""
 
     def close(self) -> None:
         pass
@@ -113,6 +116,47 @@ class SlurmPlacement(Placement):
         return {"job": self.spec}
 
 
+class KubernetesPlacement(Placement):
+    """Each group on a pod set of its own (``KubernetesSpec``); a failed group gets a fresh pod
+    set, as a node lost or a pod evicted on a real cluster asks for."""
+
+    name = "kubernetes"
+    advertise_host = "auto"  # a pod's hostname resolves to its pod IP inside the pod
+    shares_this_host = False
+
+    def __init__(self, spec: Any) -> None:
+        import dataclasses
+
+        self.spec = spec
+        self._replace = dataclasses.replace
+        # The Lighthouse must be reachable from the pods: on a cluster whose pod network this
+        # host routes (the one-machine cluster) the address of that route, else every interface.
+        self.bind_host = pod_facing_address(spec) or "0.0.0.0"
+
+    def share(self, run_dir: str, data_dir: str) -> None:
+        if self.spec.mount_session_dir:  # the one-machine cluster: workers write where local ones do
+            self.spec = self._replace(self.spec, writable_paths=(*self.spec.writable_paths, run_dir),
+                                      host_paths=(*self.spec.host_paths, data_dir))
+
+    def up_kwargs(self, index: int) -> dict[str, Any]:
+        return {"job": self.spec}
+
+    def spare_kwargs(self) -> dict[str, Any]:
+        return {"job": self.spec}
+
+
+def pod_facing_address(spec: Any) -> str | None:
+    """This host's address on the local cluster's pod network when ``spec`` is for that cluster."""
+    from ...jobs import local_k8s
+
+    if spec.context != local_k8s.CONTEXT:
+        return None
+    import psutil
+
+    mine = {a.address for addrs in psutil.net_if_addrs().values() for a in addrs}
+    return next((gw for gw in local_k8s.POD_GATEWAYS if gw in mine), None)
+
+
 def placement_for(config: Any, host_mesh_for: Callable[[int], Any] | None = None) -> Placement:
     job = config.job
     if host_mesh_for is not None:
@@ -123,5 +167,7 @@ def placement_for(config: Any, host_mesh_for: Callable[[int], Any] | None = None
         return ProcessJobPlacement(config.replicas)
     if job == "slurm":
         return SlurmPlacement(slurm_spec(config))
+    if job == "kubernetes":
+        return KubernetesPlacement(kubernetes_spec(config))
     raise ValueError(f"job: {job!r} needs host_mesh_for=lambda r: <that job's host mesh>; "
                      "see monarch.job.KubernetesJob")

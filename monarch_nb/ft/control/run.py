@@ -232,6 +232,7 @@ class FTRun:
         from ..spec.tinydata import ensure_tinydata
 
         self.data_dir = str(Path(cfg.data_dir) if cfg.data_dir else ensure_tinydata())
+        self.placement.share(str(self.run_dir), self.data_dir)
         self.events.append(RunStarted(run_id=self.run_id, config={**cfg.to_dict(), "run_dir": str(self.run_dir)}))
         resumed = self._place.resumed_event(cfg)
         if resumed is not None:

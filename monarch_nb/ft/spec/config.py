@@ -130,6 +130,10 @@ class RunConfig:
             "D-HH:MM:SS" (None: 24 hours; one that runs out is recovered on a fresh one).
         allocation_timeout_s: job="slurm": seconds an allocation may stay pending before
             the start (or a recovery) gives up (default 120).
+        kubernetes: job="kubernetes" only: :class:`~monarch_nb.jobs.KubernetesSpec` fields as a
+            dict (image, namespace, kubeconfig, context, ...); None (default): the one-machine
+            cluster of ``./run.sh k8s up``. Each group gets a pod set of its own; a failed group
+            a fresh one.
 
     Warm spares:
         spares: K standby groups (default 0): processes, model and optimizer built, no torchft
@@ -252,6 +256,9 @@ class RunConfig:
     partition: str | None = None  # job="slurm": SLURM partition (None: the cluster's default)
     time_limit: str | None = None  # job="slurm": wall-clock limit of each allocation, e.g. "02:00:00"
     allocation_timeout_s: float = 120.0  # job="slurm": how long an allocation may stay pending
+    # job="kubernetes": KubernetesSpec fields as plain data (None: the one-machine cluster's spec,
+    # monarch_nb.jobs.local_k8s.spec()); each group is a pod set of its own
+    kubernetes: dict[str, Any] | None = None
     # model and train step (torchtitan Llama 3)
     model: str = "debugmodel"  # flavour: debugmodel, small, medium, 1B, ... (MODELS)
     steps: int | None = None  # None: train until stop()
@@ -326,6 +333,10 @@ class RunConfig:
         need_int("group_size", 1)
         need_one_of("model", MODELS)
         need_one_of("job", JOBS)
+        if self.job == "kubernetes":
+            kubernetes_spec(self)
+        elif self.kubernetes is not None:
+            raise ValueError(f"kubernetes: only for job='kubernetes' (this run has job={self.job!r})")
         if self.job == "slurm":
             slurm_spec(self)
         else:
@@ -470,6 +481,28 @@ def slurm_spec(config: "RunConfig") -> Any:
         if message.startswith("start_timeout_s:"):
             message = "allocation_timeout_s:" + message[len("start_timeout_s:"):]
         raise ValueError(message) from None
+
+
+def kubernetes_spec(config: "RunConfig") -> Any:
+    """What each group's pod set asks for (job="kubernetes"): one pod of ``group_size`` processes."""
+    from ...jobs.kubernetes import KubernetesSpec
+
+    if config.kubernetes is None:
+        from ...jobs import local_k8s
+
+        return local_k8s.spec()
+    if not isinstance(config.kubernetes, dict):
+        raise ValueError(f"kubernetes: {config.kubernetes!r} is not a dict of KubernetesSpec fields")
+    known = {f.name for f in dataclasses.fields(KubernetesSpec)}
+    unknown = sorted(set(config.kubernetes) - known)
+    if unknown:
+        raise ValueError(f"kubernetes: unknown KubernetesSpec field(s) {', '.join(unknown)}; "
+                         f"known: {', '.join(sorted(known))}")
+    fields = {k: tuple(v) if k in ("host_paths", "writable_paths") else v for k, v in config.kubernetes.items()}
+    try:
+        return KubernetesSpec(**fields).validate()
+    except ValueError as exc:
+        raise ValueError(f"kubernetes.{exc}") from None
 
 
 def meets_every(config: "RunConfig") -> int | None:
