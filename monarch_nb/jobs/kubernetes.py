@@ -304,7 +304,7 @@ def manifests(spec: KubernetesSpec) -> list[dict[str, Any]]:
                          "rank label (e.g. Volcano's volcano.sh/task-index) create the pods yourself")
     docs = [_namespace(spec), *_rbac(spec)]
     if spec.mode == "attach":
-        docs += [_service(spec), _stateful_set(spec)]
+        docs += [_service(spec), _stateful_set(spec), _disruption_budget(spec)]
     return docs
 
 
@@ -373,6 +373,14 @@ def _service(spec: KubernetesSpec) -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "Service", "metadata": _meta(spec, f"{spec.mesh}-svc", labels=labels),
             "spec": {"clusterIP": "None", "selector": labels,
                      "ports": [{"name": "monarch", "port": spec.port}]}}
+
+
+def _disruption_budget(spec: KubernetesSpec) -> dict[str, Any]:
+    """At most one host of a mesh may be disrupted voluntarily at a time (a drain, an eviction):
+    the run replaces it while the others keep training."""
+    return {"apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+            "metadata": _meta(spec, spec.mesh, labels=selector_labels(spec)),
+            "spec": {"maxUnavailable": 1, "selector": {"matchLabels": selector_labels(spec)}}}
 
 
 def _expected_versions() -> str:
@@ -547,7 +555,7 @@ class KubernetesAllocation(Allocation):
         try:
             if self.pod_set is not None:
                 kapi.require_namespace(self._api, self.target)
-                kapi.apply(self._api, [_service(spec), _stateful_set(spec)])
+                kapi.apply(self._api, [_service(spec), _stateful_set(spec), _disruption_budget(spec)])
                 if self.on_submit is not None:  # guarded from now on: the kernel may die before it runs
                     self.on_submit(self.reaper_commands())
             pods = kapi.wait_ready(self._api, self.target, label_selector(spec), spec.hosts or 1,
@@ -566,6 +574,30 @@ class KubernetesAllocation(Allocation):
         except BaseException:
             self.release()
             raise
+
+    cluster_faults = ("pod_delete", "evict", "node_notready")  # the fault kinds Kubernetes delivers here
+
+    def cluster_fault(self, kind: str) -> None:
+        """Deliver fault ``kind`` to this pod set's first pod, as Kubernetes would: delete it, evict
+        it (its PodDisruptionBudget allows one), or stop its node's kubelet (local cluster only)."""
+        from . import kubernetes_api as kapi
+
+        if not self.pods or self._api is None:
+            raise RuntimeError(f"{kind}: this allocation holds no pod")
+        pod = self.pods[0]
+        if kind == "pod_delete":
+            kapi.delete_pod(self._api, self.target, pod)
+        elif kind == "evict":
+            kapi.evict_pod(self._api, self.target, pod)
+        elif kind == "node_notready":
+            from . import local_k8s
+
+            if self.spec.context != local_k8s.CONTEXT:
+                raise ValueError("node_notready: stops a node's kubelet, which only the one-machine cluster "
+                                 f"(context {local_k8s.CONTEXT!r}) lets monarch_nb do; use pod_delete or evict")
+            local_k8s.stop_node(self.nodes[0])
+        else:
+            raise ValueError(f"kind: {kind!r} is not one of {', '.join(self.cluster_faults)}")
 
     def status(self) -> JobStatus | None:
         """What the pod and node watch last saw (no API call): RUNNING, or why a pod is not."""

@@ -182,35 +182,65 @@ def wait_ready(api: Any, target: ApiTarget, selector: str, count: int, timeout_s
 
 
 def delete(api: Any, target: ApiTarget, name: str, *, selector: str, timeout_s: float = 60.0) -> None:
-    """Delete pod set ``name`` (its StatefulSet and Service) and wait until none of its pods is left."""
+    """Delete pod set ``name`` (StatefulSet, Service, PodDisruptionBudget) and wait until none of its
+    pods is left. A pod still there after FORCE_AFTER_S (its node's kubelet is gone, so nothing
+    confirms the deletion) is removed from the API at once, as ``kubectl delete --force`` does."""
     from kubernetes import client
     from kubernetes.client.exceptions import ApiException
 
-    apps, core = client.AppsV1Api(api), client.CoreV1Api(api)
+    apps, core, policy = client.AppsV1Api(api), client.CoreV1Api(api), client.PolicyV1Api(api)
     body = client.V1DeleteOptions(propagation_policy="Background", grace_period_seconds=0)
     for call in (lambda: apps.delete_namespaced_stateful_set(name, target.namespace, body=body),
-                 lambda: core.delete_namespaced_service(f"{name}-svc", target.namespace)):
+                 lambda: core.delete_namespaced_service(f"{name}-svc", target.namespace),
+                 lambda: policy.delete_namespaced_pod_disruption_budget(name, target.namespace)):
         try:
             call()
         except ApiException as exc:
             if exc.status != 404:
                 raise
-    deadline = time.monotonic() + timeout_s
+    start = time.monotonic()
     while True:
         left = core.list_namespaced_pod(target.namespace, label_selector=selector).items
         if not left:
             return
+        waited = time.monotonic() - start
         for pod in left:  # the StatefulSet is gone; its pods go at once rather than in turn
-            if pod.metadata.deletion_timestamp is None:
-                try:
-                    core.delete_namespaced_pod(pod.metadata.name, target.namespace, grace_period_seconds=0)
-                except ApiException as exc:
-                    if exc.status != 404:
-                        raise
-        if time.monotonic() > deadline:
+            if pod.metadata.deletion_timestamp is None or waited > FORCE_AFTER_S:
+                delete_pod(api, target, pod.metadata.name)
+        if waited > timeout_s:
             raise KubernetesPodError(f"pods of {name} still present {timeout_s:.0f} s after deleting it: "
                                      + ", ".join(p.metadata.name for p in left))
         time.sleep(0.2)
+
+
+FORCE_AFTER_S = 3.0
+
+
+def delete_pod(api: Any, target: ApiTarget, pod: str) -> None:
+    """Delete ``pod`` with no grace period (the ``pod_delete`` fault; a forced delete of a pod
+    whose node no longer answers)."""
+    from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
+
+    try:
+        client.CoreV1Api(api).delete_namespaced_pod(pod, target.namespace, grace_period_seconds=0)
+    except ApiException as exc:
+        if exc.status != 404:
+            raise
+
+
+def evict_pod(api: Any, target: ApiTarget, pod: str) -> None:
+    """Evict ``pod`` through the Eviction API (what ``kubectl drain`` does); refused with the
+    PodDisruptionBudget's words when the budget allows no disruption now."""
+    from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
+
+    body = client.V1Eviction(metadata=client.V1ObjectMeta(name=pod, namespace=target.namespace),
+                             delete_options=client.V1DeleteOptions(grace_period_seconds=0))
+    try:
+        client.CoreV1Api(api).create_namespaced_pod_eviction(pod, target.namespace, body)
+    except ApiException as exc:
+        raise KubernetesPodError(f"evicting pod {pod}: {exc.status} {exc.reason}: {exc.body}") from None
 
 
 def main(argv: Sequence[str] | None = None) -> int:

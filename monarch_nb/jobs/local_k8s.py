@@ -67,6 +67,20 @@ def run(action: str, *args: str, timeout: float = 900) -> subprocess.CompletedPr
     return subprocess.run([str(SCRIPT), action, *args], capture_output=True, text=True, timeout=timeout)
 
 
+def stop_node(node: str) -> None:
+    """Stop node ``node``'s kubelet (its pods keep running; the node goes NotReady)."""
+    done = run("stop-node", node, timeout=60)
+    if done.returncode != 0:
+        raise RuntimeError(f"stop-node {node}: {done.stderr.strip()}")
+
+
+def start_node(node: str) -> None:
+    """Start node ``node``'s kubelet again (it kills the pods the API no longer has)."""
+    done = run("start-node", node, timeout=120)
+    if done.returncode != 0:
+        raise RuntimeError(f"start-node {node}: {done.stderr.strip()}")
+
+
 def is_up() -> bool:
     return run("status", timeout=60).returncode == 0
 

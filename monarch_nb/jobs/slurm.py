@@ -347,6 +347,12 @@ class SlurmAllocation(Allocation):
     def status(self) -> JobStatus | None:
         return job_states([self.job_id])[self.job_id] if self.job_id else None
 
+    cluster_faults = ("preempt", "node_down")  # the fault kinds this scheduler delivers
+
+    def cluster_fault(self, kind: str) -> None:
+        """Deliver cluster fault ``kind`` (one of ``cluster_faults``) to this allocation."""
+        {"preempt": self.preempt, "node_down": self.down_node}[kind]()
+
     def preempt(self) -> None:
         """What a scheduler's preemption does to the job: cancel it (the ``preempt`` fault)."""
         if self.job_id is None:

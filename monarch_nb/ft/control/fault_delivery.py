@@ -3,8 +3,8 @@
 The injector (:mod:`.injector`) decides what fires where and when; this is the last hop. A
 process fault (kill, exception, hang, comms, ...) is armed inside the target rank through its
 actor's ``inject`` endpoint, and fires there at its step or phase. A cluster fault (preempt,
-node_down) goes through the scheduler that holds the group's allocation, so it exists only
-for runs on SLURM allocations. ``disarm`` takes back every armed fault that has not fired.
+node_down on SLURM; pod_delete, evict, node_notready on Kubernetes) goes through the scheduler
+that holds the group's allocation, so it exists only for runs on that scheduler. ``disarm`` takes back every armed fault that has not fired.
 Every call is bounded: a group that cannot answer has no fault left to fire.
 """
 
@@ -51,18 +51,18 @@ class FaultDelivery:
         return next(iter(res.values.values()), None)
 
     def through_scheduler(self, fault: Fault) -> int | None:
-        """preempt / node_down: through the scheduler holding the group's allocation."""
+        """A cluster fault, through the scheduler holding the group's allocation (each allocation
+        names the kinds its scheduler can deliver)."""
         g = self.groups[fault.replica]
         allocation = self._live_session().mesh(g.name).allocation
-        if not hasattr(allocation, "preempt"):
-            raise ValueError(f"kind: {fault.kind.value} needs a run on SLURM allocations (job='slurm'); "
-                             f"this run's job is {self.config.job!r}")
+        kinds = getattr(allocation, "cluster_faults", ())
+        if fault.kind.value not in kinds:
+            needs = "SLURM allocations (job='slurm')" if fault.kind.value in ("preempt", "node_down") \
+                else "Kubernetes pods (job='kubernetes')"
+            raise ValueError(f"kind: {fault.kind.value} needs a run on {needs}; this run's job is {self.config.job!r}")
         record_firing(self.fault_log, {"kind": "fault_fired", "fault": fault.kind.value, "replica": fault.replica,
                                        "rank": fault.rank, "step": g.step, "job_id": allocation.job_id})
-        if fault.kind is FaultKind.PREEMPT:
-            allocation.preempt()
-        else:
-            allocation.down_node()
+        allocation.cluster_fault(fault.kind.value)
         return g.step
 
     def disarm(self) -> int:

@@ -22,10 +22,16 @@ Kinds and how each is survived:
              its own state stays intact)        another peer; nothing fails (heal_transport
                                                 "striped" only)
 
-Cluster kinds, done by the controller through the scheduler (runs with ``job="slurm"``):
+Cluster kinds, done by the controller through the scheduler. SLURM (``job="slurm"``):
   preempt    ``scancel`` of the group's allocation          -> the session's job watcher
   node_down  ``scontrol update nodename=N state=down`` of    -> same; every group on that
              the node holding the group                        node fails with it
+Kubernetes (``job="kubernetes"``), as Kubernetes delivers them:
+  pod_delete     the group's pod deleted through the API    -> the pod watch (and Monarch's supervision)
+  evict          the pod evicted through the Eviction API,  -> the pod watch (DisruptionTarget)
+                 which its PodDisruptionBudget allows
+  node_notready  the kubelet of the pod's node stopped       -> the node watch, once the node
+                 (the one-machine cluster's drill)             controller marks it NotReady
 """
 
 from __future__ import annotations
@@ -50,6 +56,9 @@ class FaultKind(str, enum.Enum):
     CORRUPT = "corrupt"
     PREEMPT = "preempt"
     NODE_DOWN = "node_down"
+    POD_DELETE = "pod_delete"
+    EVICT = "evict"
+    NODE_NOTREADY = "node_notready"
 
     @classmethod
     def parse(cls, value: "str | FaultKind", field_name: str = "kind") -> "FaultKind":
@@ -66,7 +75,8 @@ class FaultKind(str, enum.Enum):
 
 
 # Faults the controller makes happen through the cluster's scheduler, not inside a worker.
-CLUSTER_KINDS = frozenset({FaultKind.PREEMPT, FaultKind.NODE_DOWN})
+CLUSTER_KINDS = frozenset({FaultKind.PREEMPT, FaultKind.NODE_DOWN, FaultKind.POD_DELETE, FaultKind.EVICT,
+                           FaultKind.NODE_NOTREADY})
 
 # Faults after which nothing fails, so no recovery follows (the check they test records itself).
 FAILS_NOTHING = frozenset({FaultKind.CORRUPT.value})
