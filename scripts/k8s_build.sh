@@ -7,7 +7,7 @@
 #   scripts/k8s_build.sh          # build if the cache lacks this release; print the bin dir
 #
 # Environment: MONARCH_NB_K8S_CACHE (default ~/.cache/monarch_nb/k8s). The first build's wall
-# time goes to <cache>/<key>/build_seconds (and stderr): it is set-up time, reported apart.
+# time goes to <cache>/<key>/build.json (and stderr): it is set-up time, reported apart.
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 MOD="$ROOT/deploy/kubernetes/components"
@@ -40,7 +40,8 @@ pkgs=(./etcd ./pause)
 for t in "${TOOLS[@]}"; do pkgs+=("k8s.io/kubernetes/cmd/$t"); done
 CGO_ENABLED=0 GOFLAGS=-mod=mod go build -trimpath -ldflags "$ldflags" -o "$BIN/" "${pkgs[@]}"
 secs=$(( $(date +%s) - start ))
-echo "$secs" > "$CACHE/build_seconds"
+printf '{"release": "%s", "seconds": %s, "cores": %s, "go": "%s", "binaries": "%s"}\n' "$RELEASE" "$secs" \
+  "$(nproc)" "$(go env GOVERSION)" "$(ls "$BIN" | tr '\n' ' ' | sed 's/ $//')" > "$CACHE/build.json"
 touch "$CACHE/done"
 log "built in ${secs} s: $(ls "$BIN" | tr '\n' ' ')"
 echo "$BIN"

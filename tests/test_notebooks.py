@@ -11,7 +11,8 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted((REPO / "notebooks").glob("*.ipynb"))
 CLUSTER_NOTEBOOK = REPO / "notebooks" / "05_cluster.ipynb"  # needs the SLURM cluster: its own test below
-LOCAL_NOTEBOOKS = [nb for nb in NOTEBOOKS if nb != CLUSTER_NOTEBOOK]
+K8S_NOTEBOOK = REPO / "notebooks" / "08_kubernetes.ipynb"  # needs the Kubernetes cluster: its own test below
+LOCAL_NOTEBOOKS = [nb for nb in NOTEBOOKS if nb not in (CLUSTER_NOTEBOOK, K8S_NOTEBOOK)]
 ARTIFACTS = REPO / "test-artifacts"
 # Smaller settings for CI's 2-core machine; each notebook declares them in its parameters cell.
 CI_PARAMS: dict[str, list[str]] = {
@@ -120,6 +121,26 @@ def test_cluster_notebook_runs_on_slurm_and_records_the_preemption_and_its_recov
     commits = [e for e in history.events.events("step") if rec.detected_t <= e.t <= rec.respawned_t
                and e.committed and e.replica != rec.replica]
     assert commits and all(e.participants == 2 for e in commits), "the survivors kept committing, the two of them"
+
+
+@pytest.mark.k8s
+def test_kubernetes_notebook_runs_on_the_cluster_and_recovers_each_kubernetes_fault(k8s_cluster):
+    import os
+
+    before = set(Path(os.environ["MONARCH_NB_RUNS"]).iterdir())
+    executed = run_headless(K8S_NOTEBOOK)
+    text = "".join(o.get("text", "") + o.get("data", {}).get("text/plain", "")
+                   for c in executed.cells if c.cell_type == "code" for o in c.outputs)
+    assert "node=n1" in text and "node=n2" in text, "the mesh's pods must span both nodes"
+    (run_dir,) = [d for d in set(Path(os.environ["MONARCH_NB_RUNS"]).iterdir()) - before
+                  if (d / "events.jsonl").exists()]
+    from monarch_nb import open_run
+
+    recs = open_run(run_dir).recoveries()
+    assert [r.fault for r in recs] == ["pod_delete", "evict", "node_notready"], recs
+    assert all(r.status == "recovered" and r.rung == "hosts" and r.identical for r in recs), recs
+    assert "NODE_NOT_READY" in (recs[-1].reason or ""), recs[-1].reason
+    assert not k8s_cluster.project_pods(), "stop deletes every pod set"
 
 
 @pytest.mark.slow  # executes a notebook on a real kernel (5-20 s)

@@ -18,6 +18,7 @@ import importlib
 import re
 import secrets
 import sys
+import time
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
@@ -392,6 +393,7 @@ def _stateful_set(spec: KubernetesSpec) -> dict[str, Any]:
     env: list[dict[str, Any]] = [
         {"name": "MONARCH_PORT", "value": str(spec.port)},  # KubernetesJob reads the port from this value
         {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+        {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},  # where it runs, for people
         {"name": "MONARCH_NB_VERSIONS", "value": _expected_versions()},
     ]
     env += [{"name": k, "value": v} for k, v in {**WORKER_ENV, **spec.env}.items()]
@@ -545,12 +547,14 @@ class KubernetesAllocation(Allocation):
         self._job: Any = None
         self._api: Any = None
         self._watch: Any = None
+        self.timings: dict[str, float] = {}
 
     def start(self) -> Any:
         from . import kubernetes_api as kapi
         from .kubernetes_watch import PodSetWatch
 
         spec = self.mesh_spec
+        t0 = time.monotonic()
         self._api = kapi.api_client(self.target)
         try:
             if self.pod_set is not None:
@@ -562,6 +566,7 @@ class KubernetesAllocation(Allocation):
                                    float(spec.timeout_s or 600))
             self.pods = [p.metadata.name for p in pods]
             self.nodes = [p.spec.node_name or "" for p in pods]
+            ready_t = time.monotonic()
             self._watch = PodSetWatch(self._api, self.target, label_selector(spec), self.pods)
             direct = None
             if spec.kubeconfig is not None and spec.attach_to is None and spec.client_address is not None:
@@ -570,6 +575,8 @@ class KubernetesAllocation(Allocation):
             if direct is not None:
                 _listen_where_pods_reach(spec.client_address, pods[0].status.pod_ip)
             self.job_state = self._job.state(cached_path=None)
+            # where the wait went: the pods being made and Ready, then Monarch attaching to them
+            self.timings = {"pods_ready_s": ready_t - t0, "attach_s": time.monotonic() - ready_t}
             return getattr(self.job_state, spec.mesh)
         except BaseException:
             self.release()

@@ -62,6 +62,17 @@ def spec(**overrides: Any) -> KubernetesSpec:
     return KubernetesSpec(**fields).validate()
 
 
+def spec_for(namespace: str | None = None, image: str | None = None, kubeconfig: str | None = None,
+             context: str | None = None) -> KubernetesSpec:
+    """What ``%monarch up --k8s`` asks for: this cluster's spec, unless an image, kubeconfig or
+    context names another cluster (whose image must carry the kernel's code: deploy/kubernetes/)."""
+    namespace = namespace or KubernetesSpec.namespace
+    if image is None and kubeconfig is None and context in (None, CONTEXT):
+        return spec(namespace=namespace)
+    return KubernetesSpec(image=image or KubernetesSpec.image, namespace=namespace,
+                          kubeconfig=kubeconfig or kubeconfig_path(), context=context).validate()
+
+
 def run(action: str, *args: str, timeout: float = 900) -> subprocess.CompletedProcess:
     """``scripts/k8s_cluster.sh ACTION ARGS`` (up, down, status, stop-node nK, start-node nK)."""
     return subprocess.run([str(SCRIPT), action, *args], capture_output=True, text=True, timeout=timeout)

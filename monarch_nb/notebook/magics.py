@@ -59,6 +59,13 @@ def _line_parser() -> MagicArgumentParser:
     up.add_argument("--slurm", action="store_true", help="hosts from a SLURM allocation (released by down)")
     up.add_argument("--partition", default=None, help="with --slurm: SLURM partition")
     up.add_argument("--time", default=None, dest="time_limit", metavar="HH:MM:SS", help="with --slurm: time limit")
+    up.add_argument("--k8s", action="store_true",
+                    help="hosts on Kubernetes pods, one pod set per mesh (deleted by down); without --image/"
+                         "--kubeconfig/--context: the one-machine cluster of ./run.sh k8s up")
+    up.add_argument("--namespace", default=None, help="with --k8s: namespace (default monarch)")
+    up.add_argument("--image", default=None, help="with --k8s: worker image (default: the local cluster's)")
+    up.add_argument("--kubeconfig", default=None, help="with --k8s: kubeconfig path (default $KUBECONFIG or ~/.kube/config)")
+    up.add_argument("--context", default=None, help="with --k8s: kubeconfig context (default monarch-nb)")
 
     sub.add_parser("status", help="every mesh with per-process health (Session.status)")
 
@@ -412,7 +419,18 @@ def _views_text(lighthouse: str | None, views: dict[str, dict[str, str]], hint: 
 
 
 def _job_of(args: Any) -> Any:
-    """The ``job=`` of ``Session.up`` for the SLURM flags; they need --slurm."""
+    """The ``job=`` of ``Session.up`` for the SLURM flags (they need --slurm) or the Kubernetes
+    ones (they need --k8s)."""
+    k8s_flags = [f"--{name}" for name in ("namespace", "image", "kubeconfig", "context") if getattr(args, name)]
+    if args.k8s:
+        if args.slurm:
+            raise ValueError("--k8s and --slurm: give one")
+        from ..jobs import local_k8s
+
+        return local_k8s.spec_for(namespace=args.namespace, image=args.image, kubeconfig=args.kubeconfig,
+                                  context=args.context)
+    if k8s_flags:
+        raise ValueError(f"{', '.join(k8s_flags)} need --k8s")
     if not args.slurm:
         if args.partition or args.time_limit:
             raise ValueError("--partition and --time need --slurm")

@@ -52,9 +52,11 @@ def add_training_commands(sub: Any) -> None:
     train.add_argument("--model", default=None, metavar="FLAVOUR",
                        help=f"Llama 3 flavour: {', '.join(MODELS)} (default debugmodel, 6.2M parameters; tiny, "
                             "~0.4M, for many groups on a small machine)")
-    train.add_argument("--job", default=None, choices=["local", "process", "slurm"],
-                       help="local procs, each group on its own ProcessJob host, or on its own SLURM allocation")
+    train.add_argument("--job", default=None, choices=["local", "process", "slurm", "kubernetes"],
+                       help="local procs, each group on its own ProcessJob host, on its own SLURM allocation, or "
+                            "on its own Kubernetes pod set (the one-machine cluster of ./run.sh k8s up)")
     train.add_argument("--slurm", action="store_true", help="same as --job slurm")
+    train.add_argument("--k8s", action="store_true", help="same as --job kubernetes")
     train.add_argument("--partition", default=None, help="with --slurm: SLURM partition")
     train.add_argument("--time", default=None, dest="time_limit", metavar="HH:MM:SS",
                        help="with --slurm: time limit of each group's allocation")
@@ -169,9 +171,11 @@ class TrainingCommands:
             raise UsageError(f"run {self.run.run_id} is still active; `%monarch stop` it first")
         if args.slurm and args.job not in (None, "slurm"):
             raise UsageError(f"--slurm and --job {args.job} disagree; give one")
+        if args.k8s and (args.slurm or args.job not in (None, "kubernetes")):
+            raise UsageError(f"--k8s and {'--slurm' if args.slurm else '--job ' + str(args.job)} disagree; give one")
         fields = {"replicas": args.replicas, "group_size": args.group_size, "steps": args.steps,
                   "seq_len": args.seq_len, "batch_size": args.batch_size, "lr": args.lr, "model": args.model,
-                  "job": "slurm" if args.slurm else args.job, "platform": args.platform, "backend": args.backend,
+                  "job": "slurm" if args.slurm else "kubernetes" if args.k8s else args.job, "platform": args.platform, "backend": args.backend,
                   "run_name": args.name,
                   "partition": args.partition, "time_limit": args.time_limit, "spares": args.spares,
                   "checkpoint_every": args.checkpoint_every, "checkpoint_dir": args.checkpoint_dir,
