@@ -132,6 +132,16 @@ def test_a_donor_that_is_gone_loses_only_its_share(cluster_of):
     assert [d["why"] for d in c.receiver.last.dropped] == ["unreachable"]
 
 
+def test_a_former_process_of_the_healing_group_is_never_a_donor(cluster_of):
+    """A pod deleted under a group lives on for a moment after the controller failed it; its
+    replacement (the same replica id) must not take any of its state from it."""
+    c = cluster_of(3)
+    c.receiver.replica = 2  # the receiver replaces replica 2, whose old process still serves
+    assert_same(c.heal(), c.donor_states[0])
+    assert sorted(c.receiver.last.donors) == [0, 1]
+    assert [(d["donor"], d["why"]) for d in c.receiver.last.dropped] == [(2, "a former process of this group")]
+
+
 def test_a_donor_whose_state_is_laid_out_differently_is_not_used(cluster_of):
     c = cluster_of(2)
     c.donor_states[1]["user"]["default"]["model"]["extra"] = torch.zeros(3)

@@ -241,9 +241,14 @@ def test_attach_manifest_labels_match_the_job_selector_without_a_cluster():
     selector = dict(pair.split("=") for pair in k8s.kubernetes_job_arguments(spec).add_mesh["label_selector"].split(","))
     sts = docs["StatefulSet"]
     assert sts["spec"]["selector"]["matchLabels"] == selector
-    assert sts["spec"]["template"]["metadata"]["labels"] == selector
+    pod_labels = sts["spec"]["template"]["metadata"]["labels"]
+    assert pod_labels == {**selector, "kueue.x-k8s.io/queue-name": "q"}  # the selector's, plus the spec's
     assert docs["Service"]["spec"]["selector"] == selector
     assert sts["metadata"]["labels"] == {**selector, "kueue.x-k8s.io/queue-name": "q"}
+    # pods sharing the spec's labels spread over the nodes (a run's pod sets, each its own selector)
+    (spread,) = sts["spec"]["template"]["spec"]["topologySpreadConstraints"]
+    assert spread["labelSelector"]["matchLabels"] == {"kueue.x-k8s.io/queue-name": "q"}
+    assert docs["PodDisruptionBudget"]["spec"] == {"maxUnavailable": 1, "selector": {"matchLabels": selector}}
     assert sts["spec"]["replicas"] == 3 and sts["metadata"]["name"] == "trainers"
     assert sts["spec"]["serviceName"] == docs["Service"]["metadata"]["name"]
     assert {d["metadata"].get("namespace") for d in docs.values() if d["kind"] != "Namespace"} == {"monarch"}

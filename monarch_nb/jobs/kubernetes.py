@@ -99,7 +99,8 @@ class KubernetesSpec:
     memory: str | None = None
     shared_memory: str | None = None  # size of a memory-backed /dev/shm (NCCL, data loaders)
     env: Mapping[str, str] = field(default_factory=dict, hash=False)  # attach only: extra worker env
-    labels: Mapping[str, str] = field(default_factory=dict, hash=False)  # on the StatefulSet / MonarchMesh (e.g. Kueue)
+    # on the StatefulSet / MonarchMesh (e.g. Kueue) and its pods; pods sharing them spread over the nodes
+    labels: Mapping[str, str] = field(default_factory=dict, hash=False)
     label_selector: str | None = None  # attach only: "k=v,k2=v2"; default selects our StatefulSet
     pod_rank_label: str = POD_INDEX_LABEL  # attach only: pod label holding the host rank
     service_account: str = "monarch-controller"  # the notebook kernel pod's account (RBAC)
@@ -415,10 +416,11 @@ def _stateful_set(spec: KubernetesSpec) -> dict[str, Any]:
                            "terminationGracePeriodSeconds": 0}
     if spec.node_selector:
         pod["nodeSelector"] = dict(spec.node_selector)
-    # Spread a mesh's pods over the nodes where it can (a node lost then takes as few hosts as it can).
+    # Spread over the nodes where it can (a node lost then takes as few hosts as it can): a mesh's
+    # pods, or with ``labels`` every pod carrying them (a run's groups and spares, one pod set each).
     pod["topologySpreadConstraints"] = [{"maxSkew": 1, "topologyKey": "kubernetes.io/hostname",
                                          "whenUnsatisfiable": "ScheduleAnyway",
-                                         "labelSelector": {"matchLabels": labels}}]
+                                         "labelSelector": {"matchLabels": dict(spec.labels) or labels}}]
     mounts: list[dict[str, Any]] = []
     volumes: list[dict[str, Any]] = []
     if spec.shared_memory is not None:
@@ -438,7 +440,7 @@ def _stateful_set(spec: KubernetesSpec) -> dict[str, Any]:
         "spec": {"serviceName": f"{spec.mesh}-svc", "replicas": spec.hosts,
                  "podManagementPolicy": "Parallel",  # all hosts start at once, not one by one
                  "selector": {"matchLabels": labels},
-                 "template": {"metadata": {"labels": labels}, "spec": pod}},
+                 "template": {"metadata": {"labels": {**labels, **spec.labels}}, "spec": pod}},
     }
 
 

@@ -7,7 +7,9 @@ processes (Monarch cannot spawn onto a damaged proc mesh), through the same call
 
 from __future__ import annotations
 
+import re
 import threading
+from pathlib import Path
 from typing import Any, Callable
 
 from ... import seam
@@ -116,6 +118,9 @@ class SlurmPlacement(Placement):
         return {"job": self.spec}
 
 
+RUN_LABEL = "monarch.pytorch.org/run"
+
+
 class KubernetesPlacement(Placement):
     """Each group on a pod set of its own (``KubernetesSpec``); a failed group gets a fresh pod
     set, as a node lost or a pod evicted on a real cluster asks for."""
@@ -134,6 +139,10 @@ class KubernetesPlacement(Placement):
         self.bind_host = pod_facing_address(spec) or "0.0.0.0"
 
     def share(self, run_dir: str, data_dir: str) -> None:
+        # Every pod set of the run carries the run's label, so the scheduler spreads the run's
+        # groups and spares over the nodes: a node lost takes as few of them as it can.
+        run_label = re.sub(r"[^A-Za-z0-9_.-]", "-", Path(run_dir).name)[-63:].strip("-_.") or "run"
+        self.spec = self._replace(self.spec, labels={**self.spec.labels, RUN_LABEL: run_label})
         if self.spec.mount_session_dir:  # the one-machine cluster: workers write where local ones do
             self.spec = self._replace(self.spec, writable_paths=(*self.spec.writable_paths, run_dir),
                                       host_paths=(*self.spec.host_paths, data_dir))

@@ -292,10 +292,14 @@ class StripedTransport(CheckpointTransport[Any]):
             raise RuntimeError(f"heal: the source {metadata} does not serve step {step}: {source}")
         donors: list[tuple[str, Manifest]] = [(metadata, source)]
         for addr, m in zip(addresses[1:], fetched[1:]):
-            if isinstance(m, Manifest) and m.same_layout(source):
+            former_self = isinstance(m, Manifest) and self.replica is not None and m.replica == self.replica
+            if isinstance(m, Manifest) and m.same_layout(source) and not former_self:
                 donors.append((addr, m))
             else:
-                why = "not at this step" if m is None else ("unreachable" if isinstance(m, Exception)
+                # A peer naming this group is its former process, being replaced (a deleted pod
+                # lives on for a moment after the controller failed it): never a donor.
+                why = "not at this step" if m is None else ("unreachable" if isinstance(m, Exception) else
+                                                            "a former process of this group" if former_self
                                                             else "its state is laid out differently")
                 record.dropped.append({"donor": getattr(m, "replica", None), "address": addr, "why": why})
         record.manifest_s = time.perf_counter() - t0
