@@ -42,8 +42,12 @@ def lost_and_resumed(tmp_path_factory):
     # the kernel is gone too: continue the same run from its directory alone
     again = FTRun.resume(run.run_dir)
     try:
+        resumed_at = time.time()
         again.start()
         facts["again_from"] = again.resume_from.step
+        # the run's log holds the first run's steps too: a wait must not be answered by those
+        facts["again_first_step"] = again.wait_for(lambda e: e.kind == "step", timeout=120)
+        facts["resumed_at"] = resumed_at
         again.wait_for_step(again.resume_from.step + 3, timeout=240)
         facts["again_identical"] = again.check_identical(timeout=120)
     finally:
@@ -68,6 +72,13 @@ def test_checkpoints_are_saved_off_the_critical_path_and_pruned(lost_and_resumed
     assert all(e.bytes > 1_000_000 for e in saved)
     complete = [c for c in list_checkpoints(run.checkpoint_dir) if c.complete]
     assert 1 <= len(complete) <= 2, complete  # checkpoint_keep=2
+
+
+def test_a_wait_on_a_resumed_run_is_not_answered_by_the_run_it_continues(lost_and_resumed):
+    _, again, facts = lost_and_resumed
+    assert any(e.t < facts["resumed_at"] for e in again.events.events("step")), "the log holds the old steps"
+    assert facts["again_first_step"].t >= facts["resumed_at"], facts["again_first_step"]
+    assert facts["again_first_step"].step >= facts["again_from"], facts["again_first_step"]
 
 
 def test_losing_every_group_resumes_from_the_newest_checkpoint_with_identical_replicas(lost_and_resumed):

@@ -114,6 +114,7 @@ class FTRun:
                                       self.checkpoint_dir, self._quiet, own_session=session is None)
         self._dashboard: ShownView | None = None  # views.build("dashboard"), made on first ask
         self.started = False
+        self.started_t: float | None = None  # when start() was called (the default ``since`` of waits)
         self.data_dir: str | None = None
 
     # ---- what is going on -------------------------------------------------------------
@@ -229,6 +230,7 @@ class FTRun:
 
                 check_gpu_sharing(platform, cfg.replicas + cfg.spares, cfg.group_size, torch.cuda.device_count())
         self.started = True
+        self.started_t = time.time()  # waits default to events from here on (wait_for)
         from ..spec.tinydata import ensure_tinydata
 
         self.data_dir = str(Path(cfg.data_dir) if cfg.data_dir else ensure_tinydata())
@@ -336,11 +338,17 @@ class FTRun:
 
     # ---- waiting ----------------------------------------------------------------------
 
-    def wait_for(self, predicate: Callable[[Event], bool], timeout: float = 60.0, *, since: float = 0.0,
+    def wait_for(self, predicate: Callable[[Event], bool], timeout: float = 60.0, *, since: float | None = None,
                  what: str | None = None) -> Event:
         """Block until an event satisfying ``predicate`` (recorded at or after ``since``) exists;
-        a ``TimeoutError`` names ``what`` (default: the predicate's source) and the last events."""
-        return self.events.wait_for(predicate, timeout, since=since, what=what)
+        a ``TimeoutError`` names ``what`` (default: the predicate's source) and the last events.
+
+        ``since`` defaults to when this ``FTRun`` started: a resumed run's log holds the events of
+        the run it continues, and a wait must not be answered by those (``since=0.0``: every event)."""
+        return self.events.wait_for(predicate, timeout, since=self._since(since), what=what)
+
+    def _since(self, since: float | None) -> float:
+        return (self.started_t or 0.0) if since is None else since
 
     def wait_for_step(self, step: int, replicas: list[int] | None = None, timeout: float = 120.0) -> None:
         """Block until the given groups committed ``step``; by default every live group (the
@@ -353,7 +361,8 @@ class FTRun:
                 done.add(e.replica)
             return done >= want
 
-        self.events.wait_for(pred, timeout, what=f"step {step} committed by groups {sorted(want)}")
+        self.events.wait_for(pred, timeout, since=self._since(None),
+                             what=f"step {step} committed by groups {sorted(want)}")
 
     # ---- stop -------------------------------------------------------------------------
 
