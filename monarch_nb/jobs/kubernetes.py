@@ -580,8 +580,11 @@ class KubernetesAllocation(Allocation):
             # where the wait went: the pods being made and Ready, then Monarch attaching to them
             self.timings = {"pods_ready_s": ready_t - t0, "attach_s": time.monotonic() - ready_t}
             return getattr(self.job_state, spec.mesh)
-        except BaseException:
-            self.release()
+        except BaseException as failed:
+            try:
+                self.release()
+            except Exception as exc:  # the start's own error is the one to see; say what is left
+                failed.add_note(f"releasing the pod set after that also failed: {exc}")
             raise
 
     cluster_faults = ("pod_delete", "evict", "node_notready")  # the fault kinds Kubernetes delivers here
