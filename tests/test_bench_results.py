@@ -271,3 +271,18 @@ def test_the_dashboards_curves_are_full_before_the_soaks_fit_window_opens():
     recorded = json.loads((REPO / "bench/results/dashboard_memory.json").read_text())
     assert recorded["shipped_points_kept"] == dm.POINTS_KEPT
     assert recorded["strings_laid_out"]["live"] < recorded["frames"] / 4 < recorded["strings_laid_out"]["static"]
+
+
+def test_bench_recovery_names_the_fault_kind_and_sync_mode_behind_every_back_figure():
+    """Issue 53: the summary said "0.42 s without (0.7x)" over mixed kinds; now one line per kind
+    and sync mode, and the semi-synchronous run against the synchronous one per kind."""
+    rec = dict(transport="striped")
+    records = [dict(rec, kind="kill", semi_sync=None, spare=True, back_s=0.4, rung="process"),
+               dict(rec, kind="kill", semi_sync=None, spare=False, back_s=5.0, rung="process"),
+               dict(rec, kind="comms", semi_sync=None, spare=False, back_s=0.3, rung="communicator"),
+               dict(rec, kind="comms", semi_sync="diloco", spare=False, back_s=0.6, rung="communicator")]
+    lines = load_bench("bench_recovery").back_lines(records)
+    assert "kill (synchronous, rung process): victim back median 0.40 s with a spare, 5.00 s without (12.5x)" in lines
+    assert "comms (diloco, rung communicator): victim back median 0.60 s without" in lines
+    assert "comms: diloco back 0.60 s vs synchronous 0.30 s (2.0x)" in lines
+    assert not any("kill" in line and "diloco" in line for line in lines)
