@@ -1,4 +1,4 @@
-"""``monarch-nb``: run notebooks headless on the Monarch kernel, install the kernel."""
+"""``monarch-nb``: run notebooks headless on the Monarch kernel, check a torchtitan job, install the kernel."""
 
 from __future__ import annotations
 
@@ -7,6 +7,13 @@ import sys
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["check-job"]:  # the rest is torchtitan's own job form, parsed by torchtitan
+        from .ft.spec.titan_job import check
+
+        code, text = check(argv[1:])
+        print(text, file=sys.stderr if code == 2 else sys.stdout)
+        return code
     parser = argparse.ArgumentParser(prog="monarch-nb", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -18,6 +25,9 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--timeout", type=float, default=600, help="seconds allowed per cell (default 600)")
     run.add_argument("--kernel", default="monarch", help="kernel name (default: monarch)")
     run.add_argument("--cwd", default=None, help="working directory of the kernel (default: the notebook's folder)")
+
+    sub.add_parser("check-job", help="torchtitan 0.3's job form (--module M --config F --section.key V ...): "
+                   "print what every field becomes, honoured or refused; nothing is started")
 
     inst = sub.add_parser("install-kernel", help="install the Monarch kernelspec")
     inst.add_argument("--user", action="store_true", help="install for this user instead of this environment")

@@ -85,7 +85,7 @@ def test_shipped_manifests_pass_the_api_servers_dry_run(k8s_cluster, name):
 
 
 def test_a_manifest_the_api_server_refuses_is_named(k8s_cluster):
-    bad = k8s.manifests(k8s.KubernetesSpec(hosts=2))[-1]
+    (bad,) = [d for d in k8s.manifests(k8s.KubernetesSpec(hosts=2)) if d["kind"] == "StatefulSet"]
     bad["spec"]["replicas"] = -1
     with k8s_cluster.api() as api, pytest.raises(kapi.KubernetesPodError, match=r"StatefulSet 'workers'.*replicas"):
         kapi.apply(api, [bad], dry_run=True)

@@ -265,7 +265,11 @@ class RunConfig:
     seq_len: int = 64  # tokens per sequence
     batch_size: int = 2  # sequences per process per step
     lr: float = 8e-4  # peak AdamW learning rate
-    warmup_steps: int = 2  # linear warm-up steps, then linear decay
+    warmup_steps: int = 2  # linear warm-up steps, then decay (torchtitan's LRSchedulersContainer)
+    lr_decay_ratio: float = 0.8  # the last fraction of steps that decay (torchtitan's decay_ratio)
+    lr_decay_type: str = "linear"  # linear, sqrt or cosine (torchtitan's decay_type)
+    lr_min_factor: float = 0.1  # the lr decays to this fraction of lr (torchtitan's min_lr_factor)
+    max_norm: float = 1.0  # gradient clipping norm (torchtitan's training.max_norm)
     seed: int = 0  # initial weights (the same in every group)
     # platform
     platform: str = "auto"  # auto, cpu, cuda, rocm
@@ -348,6 +352,12 @@ class RunConfig:
         need_int("seq_len", 8)
         need_int("batch_size", 1)
         need_int("warmup_steps", 0)
+        need_one_of("lr_decay_type", ("linear", "sqrt", "cosine"))
+        for name in ("lr_decay_ratio", "lr_min_factor"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= 1:
+                raise ValueError(f"{name}: must be a number from 0 to 1, got {v!r}")
+        need_pos("max_norm")
         need_int("threads_per_proc", 1)
         need_pos("lr")
         need_one_of("platform", PLATFORMS)

@@ -158,8 +158,9 @@ class RankParts:
             init_optim_state(opt)  # state tensors exist before any heal loads into them
         steps = self.cfg.get("steps") or 10_000
         self.lr_schedulers: LRSchedulersContainer = LRSchedulersContainer.Config(
-            warmup_steps=int(self.cfg.get("warmup_steps", 2)), decay_ratio=0.8, decay_type="linear",
-            min_lr_factor=0.1).build(optimizers=self.optimizers, training_steps=int(steps))
+            warmup_steps=int(self.cfg.get("warmup_steps", 2)), decay_ratio=float(self.cfg.get("lr_decay_ratio", 0.8)),
+            decay_type=self.cfg.get("lr_decay_type", "linear"), min_lr_factor=float(self.cfg.get("lr_min_factor", 0.1)),
+        ).build(optimizers=self.optimizers, training_steps=int(steps))
         self.loss_fn: BaseLoss = CrossEntropyLoss.Config(global_vocab_size=self.vocab_size).build()
 
     def _build_data(self, data_dir: str) -> None:

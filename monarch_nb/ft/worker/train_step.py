@@ -57,6 +57,7 @@ class TrainStep:
                  emit: Callable[[dict[str, Any]], None], phase: Callable[[str], None]) -> None:
         self.parts, self.state, self.durable = parts, state, durable
         self.rank = parts.rank
+        self.max_norm = float(parts.cfg.get("max_norm", 1.0))  # gradient clipping (torchtitan's training.max_norm)
         self._emit, self._phase = emit, phase
         self.replica: int | None = None
         self.replication: Replication | None = None
@@ -127,7 +128,7 @@ class TrainStep:
         self._average(retry.local, grads)
         average_s = time.time() - t_average
         model = self.parts.model
-        torch.nn.utils.clip_grad_norm_([p for p in model.parameters()], 1.0, foreach=True)
+        torch.nn.utils.clip_grad_norm_([p for p in model.parameters()], self.max_norm, foreach=True)
         t_commit = time.time()
         committed = repl.should_commit()
         commit_s = time.time() - t_commit
@@ -163,7 +164,7 @@ class TrainStep:
         retry, _ = self._compute(step)
         if fault_point is not None:
             fault_point(step)
-        torch.nn.utils.clip_grad_norm_([p for p in self.parts.model.parameters()], 1.0, foreach=True)
+        torch.nn.utils.clip_grad_norm_([p for p in self.parts.model.parameters()], self.max_norm, foreach=True)
         if meeting:
             repl.offer()  # any member may serve a peer that heals at this meeting (a striped heal)
         meetings = repl.current_step()

@@ -1,0 +1,147 @@
+"""torchtitan 0.3's own job form (``--module M --config F --section.key V``), parsed by torchtitan's
+ConfigManager and read leaf by leaf: every leaf of the shipped llama3, qwen3 and torchft.llama3
+debug configs gets a verdict, a changed leaf is never dropped silently, overrides land in the
+RunConfig, and bad input is one clear line. Pure parsing: nothing is started."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+
+import pytest
+
+from monarch_nb.cli import main as cli
+from monarch_nb.ft.spec import titan_job
+
+SHIPPED = {"llama3": "llama3_debugmodel", "qwen3": "qwen3_debugmodel", "torchft.llama3": "llama3_torchft_debugmodel"}
+
+
+@pytest.fixture(scope="module", params=list(SHIPPED), ids=list(SHIPPED))
+def shipped(request):
+    return titan_job.load(["--module", request.param, "--config", SHIPPED[request.param]])
+
+
+def test_every_leaf_of_a_shipped_debug_config_has_a_rule_and_one_verdict(shipped):
+    _, verdicts = titan_job.read(shipped)
+    paths = [v.path for v in verdicts]
+    assert len(paths) == len(set(paths))
+    assert set(p for p, _ in titan_job.leaves(shipped)) <= set(paths), "a leaf without a verdict"
+    assert not [v for v in verdicts if "no rule" in v.becomes], "the rule table must cover the shipped configs"
+    assert all(v.becomes for v in verdicts)
+
+
+def _changed(value):
+    if isinstance(value, bool):
+        return not value
+    if isinstance(value, int):
+        return value + 3
+    if isinstance(value, float):
+        return value / 2 + 0.05
+    if isinstance(value, str):
+        return value + "_x"
+    return None  # None, lists, dicts, functions: no generic "other value"
+
+
+def _set(config, path, value):
+    *parents, last = path.split(".")
+    node = config
+    for part in parents:
+        node = getattr(node, part)
+    object.__setattr__(node, last, value)
+
+
+def test_a_changed_leaf_is_applied_or_refused_by_name_never_dropped(shipped):
+    """Each scalar leaf set to another value: either the RunConfig fields change, or its verdict
+    is a refusal naming what is supported, or it says why the value changes nothing (its feature
+    is off: "unused: ..."; or it is what monarch_nb does: "as monarch_nb does it"). None is
+    honoured and silently left out."""
+    base_fields, _ = titan_job.read(shipped)
+    tried = 0
+    for path, value in titan_job.leaves(shipped):
+        new = _changed(value)
+        if new is None:
+            continue
+        tried += 1
+        config = copy.deepcopy(shipped)
+        _set(config, path, new)
+        fields, verdicts = titan_job.read(config)
+        (verdict,) = [v for v in verdicts if v.path == path]
+        assert (not verdict.honoured or fields != base_fields
+                or verdict.becomes.startswith(("unused", "as monarch_nb does it"))), (path, new, verdict)
+        if not verdict.honoured:
+            assert verdict.becomes and path in verdict.line()
+    assert tried > 40
+
+
+def test_overrides_go_through_torchtitans_parser_into_the_run_config():
+    config = titan_job.load(["--module", "llama3", "--config", "llama3_debugmodel", "--training.steps", "40",
+                             "--training.seq_len", "64", "--optimizer.param_groups.0.optimizer_kwargs.lr", "1e-3",
+                             "--training.max_norm", "0.5", "--lr_scheduler.decay_type", "cosine"])
+    fields, verdicts = titan_job.read(config)
+    assert fields["steps"] == 40 and fields["seq_len"] == 64 and fields["lr"] == 1e-3
+    assert fields["max_norm"] == 0.5 and fields["lr_decay_type"] == "cosine" and fields["model"] == "debugmodel"
+    (steps,) = [v for v in verdicts if v.path == "training.steps"]
+    assert steps.honoured and steps.becomes == "steps = 40"
+
+
+def test_the_torchft_config_maps_its_fault_tolerance_section():
+    config = titan_job.load(["--module", "torchft.llama3", "--config", "llama3_torchft_debugmodel",
+                             "--fault_tolerance.process_group", "gloo", "--fault_tolerance.group_size", "3"])
+    fields, verdicts = titan_job.read(config)
+    assert fields["replicas"] == 3 and fields["sync"] == "diloco" and fields["sync_every"] == 10
+    assert fields["fragments"] == 2 and fields["backend"] == "gloo"
+    with pytest.raises(titan_job.JobRefused, match="replicas: --replicas 2 and --fault_tolerance.group_size 3 disagree"):
+        titan_job.run_config(["--module", "torchft.llama3", "--config", "llama3_torchft_debugmodel",
+                              "--fault_tolerance.process_group", "gloo", "--fault_tolerance.group_size", "3"],
+                             replicas=2)
+
+
+def test_nccl_without_a_gpu_is_refused_by_name():
+    config = titan_job.load(["--module", "torchft.llama3", "--config", "llama3_torchft_debugmodel"])
+    _, verdicts = titan_job.read(config)
+    (pg,) = [v for v in verdicts if v.path == "fault_tolerance.process_group"]
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU: nccl is allowed")  # the tests' machines have none
+    assert not pg.honoured and "--fault_tolerance.process_group gloo" in pg.becomes
+
+
+def test_a_changed_model_leaf_is_refused_by_its_path():
+    config = titan_job.load(["--module", "llama3", "--config", "llama3_debugmodel"])
+    changed = copy.deepcopy(config)
+    object.__setattr__(changed.model_spec.model, "dim", 512)
+    _, verdicts = titan_job.read(changed)
+    (dim,) = [v for v in verdicts if v.path == "model_spec.model.dim"]
+    assert not dim.honoured and "differs from torchtitan's llama3 'debugmodel'" in dim.becomes
+    qwen = titan_job.load(["--module", "qwen3", "--config", "qwen3_debugmodel"])
+    (model,) = [v for v in titan_job.read(qwen)[1] if v.path == "model_spec"]
+    assert not model.honoured and "qwen3" in model.becomes
+
+
+@pytest.mark.parametrize("args, expected", [
+    (["--module", "llama9", "--config", "x"], "module: Cannot import module 'llama9'"),
+    (["--module", "llama3", "--config", "llama3_nope"], "Available config functions: ["),
+    (["--module", "llama3", "--config", "llama3_debugmodel", "--training.stepz", "4"],
+     "Unrecognized options: --training.stepz"),
+    (["--module", "llama3", "--config", "llama3_debugmodel", "--training.steps", "forty"],
+     "Error parsing --training.steps"),
+    (["--config", "llama3_debugmodel"], "--module is required"),
+], ids=["unknown-module", "unknown-function", "unknown-field", "wrong-type", "no-module"])
+def test_bad_input_is_one_clear_line_and_exit_2(capsys, args, expected):
+    assert cli(["check-job", *args]) == 2
+    err = capsys.readouterr().err
+    assert expected in err and err.count("\n") == 1, err[:500]
+
+
+def test_check_job_prints_every_field_and_exits_1_on_a_refusal(capsys):
+    assert cli(["check-job", "--module", "llama3", "--config", "llama3_debugmodel", "--training.steps", "40"]) == 1
+    out = capsys.readouterr().out
+    assert "  training.steps = 40  ->  steps = 40" in out
+    assert "! dataloader.dataset = 'c4_test'" in out and "refused (marked !)" in out
+
+
+def test_registry_shapes_used_here_hold(shipped):
+    """The rule table leans on these shapes of torchtitan 0.3's configs (an upgrade fails here)."""
+    assert dataclasses.is_dataclass(shipped) and hasattr(shipped, "model_spec")
+    assert shipped.model_spec.flavor == "debugmodel" and shipped.model_spec.name.endswith(("llama3", "qwen3"))
