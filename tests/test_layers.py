@@ -92,7 +92,7 @@ def test_no_import_loops_between_modules():
 
 
 PRIVATE = re.compile(r"monarch\._src|\._(ndslice|mesh_name|host_to_pid|mailbox|receiver|client|quorum|pg|server|"
-                     r"name_str|actor_mesh|class|manager|manager_state_dict|local_step)\b|_manager=|"
+                     r"name_str|actor_mesh|class|manager|manager_state_dict|local_step)\b|(?<![A-Za-z0-9])_manager=|"
                      r"\.device_type\s*=(?!=)")
 
 

@@ -124,7 +124,7 @@ def allocate(job: Any, *, hosts: int, procs: int, name: str, log_dir: Path,
         spec = job if isinstance(job, SlurmSpec) else SlurmSpec()
         return SlurmAllocation(spec.validate(), hosts=hosts, name=name, log_dir=log_dir / "slurm")
     if isinstance(job, KubernetesSpec):
-        from .kubernetes import KubernetesAllocation
+        from .kubernetes_allocation import KubernetesAllocation
 
         return KubernetesAllocation(job, hosts=hosts, procs=procs, name=name, session_dir=log_dir)
     raise ValueError(f"job: unknown value {job!r}; allowed values: local, process, slurm, a SlurmSpec "

@@ -340,15 +340,11 @@ class FTRun:
 
     def wait_for(self, predicate: Callable[[Event], bool], timeout: float = 60.0, *, since: float | None = None,
                  what: str | None = None) -> Event:
-        """Block until an event satisfying ``predicate`` (recorded at or after ``since``) exists;
-        a ``TimeoutError`` names ``what`` (default: the predicate's source) and the last events.
-
-        ``since`` defaults to when this ``FTRun`` started: a resumed run's log holds the events of
-        the run it continues, and a wait must not be answered by those (``since=0.0``: every event)."""
-        return self.events.wait_for(predicate, timeout, since=self._since(since), what=what)
-
-    def _since(self, since: float | None) -> float:
-        return (self.started_t or 0.0) if since is None else since
+        """Block until an event satisfying ``predicate`` (recorded at or after ``since``; default: this
+        FTRun's start, so a resumed run's older events never answer) exists; a ``TimeoutError``
+        names ``what`` (default: the predicate's source) and the last events."""
+        since = (self.started_t or 0.0) if since is None else since
+        return self.events.wait_for(predicate, timeout, since=since, what=what)
 
     def wait_for_step(self, step: int, replicas: list[int] | None = None, timeout: float = 120.0) -> None:
         """Block until the given groups committed ``step``; by default every live group (the
@@ -361,8 +357,7 @@ class FTRun:
                 done.add(e.replica)
             return done >= want
 
-        self.events.wait_for(pred, timeout, since=self._since(None),
-                             what=f"step {step} committed by groups {sorted(want)}")
+        self.events.wait_for(pred, timeout, since=self.started_t or 0.0, what=f"step {step} committed by groups {sorted(want)}")
 
     # ---- stop -------------------------------------------------------------------------
 

@@ -130,10 +130,8 @@ class RunConfig:
             "D-HH:MM:SS" (None: 24 hours; one that runs out is recovered on a fresh one).
         allocation_timeout_s: job="slurm": seconds an allocation may stay pending before
             the start (or a recovery) gives up (default 120).
-        kubernetes: job="kubernetes" only: :class:`~monarch_nb.jobs.KubernetesSpec` fields as a
-            dict (image, namespace, kubeconfig, context, ...); None (default): the one-machine
-            cluster of ``./run.sh k8s up``. Each group gets a pod set of its own; a failed group
-            a fresh one.
+        kubernetes: job="kubernetes" only: ``KubernetesSpec`` fields as a dict (None: the cluster of
+            ``./run.sh k8s up``). Each group gets a pod set of its own; a failed group a fresh one.
 
     Warm spares:
         spares: K standby groups (default 0): processes, model and optimizer built, no torchft
@@ -149,8 +147,12 @@ class RunConfig:
         seq_len: tokens per sequence (default 64, at least 8).
         batch_size: sequences per process per step (default 2).
         lr: peak AdamW learning rate (default 8e-4); torchtitan's AdamW (weight decay 0.1).
-        warmup_steps: steps of linear warm-up to ``lr`` (default 2); then linear decay to
-            0.1 x lr over the last 80% of ``steps``.
+        warmup_steps: steps of linear warm-up to ``lr`` (default 2); then the decay below
+            (torchtitan's LRSchedulersContainer).
+        lr_decay_ratio: the last fraction of ``steps`` the lr decays over (default 0.8).
+        lr_decay_type: "linear" (default), "sqrt" or "cosine".
+        lr_min_factor: the lr decays to this fraction of ``lr`` (default 0.1).
+        max_norm: gradient clipping norm (default 1.0; torchtitan's ``training.max_norm``).
         seed: seed of the model's initial weights, the same in every group (default 0). The
             data is a fixed function of (step, group, rank), not of the seed.
 
@@ -256,9 +258,7 @@ class RunConfig:
     partition: str | None = None  # job="slurm": SLURM partition (None: the cluster's default)
     time_limit: str | None = None  # job="slurm": wall-clock limit of each allocation, e.g. "02:00:00"
     allocation_timeout_s: float = 120.0  # job="slurm": how long an allocation may stay pending
-    # job="kubernetes": KubernetesSpec fields as plain data (None: the one-machine cluster's spec,
-    # monarch_nb.jobs.local_k8s.spec()); each group is a pod set of its own
-    kubernetes: dict[str, Any] | None = None
+    kubernetes: dict[str, Any] | None = None  # job="kubernetes": KubernetesSpec fields (None: local_k8s.spec())
     # model and train step (torchtitan Llama 3)
     model: str = "debugmodel"  # flavour: debugmodel, small, medium, 1B, ... (MODELS)
     steps: int | None = None  # None: train until stop()
@@ -337,27 +337,13 @@ class RunConfig:
         need_int("group_size", 1)
         need_one_of("model", MODELS)
         need_one_of("job", JOBS)
-        if self.job == "kubernetes":
-            kubernetes_spec(self)
-        elif self.kubernetes is not None:
-            raise ValueError(f"kubernetes: only for job='kubernetes' (this run has job={self.job!r})")
-        if self.job == "slurm":
-            slurm_spec(self)
-        else:
-            for name in ("partition", "time_limit"):
-                if getattr(self, name) is not None:
-                    raise ValueError(f"{name}: only for job='slurm' (this run has job={self.job!r})")
+        check_job_fields(self)
         if self.steps is not None:
             need_int("steps", 1)
         need_int("seq_len", 8)
         need_int("batch_size", 1)
         need_int("warmup_steps", 0)
-        need_one_of("lr_decay_type", ("linear", "sqrt", "cosine"))
-        for name in ("lr_decay_ratio", "lr_min_factor"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= 1:
-                raise ValueError(f"{name}: must be a number from 0 to 1, got {v!r}")
-        need_pos("max_norm")
+        check_schedule(self)
         need_int("threads_per_proc", 1)
         need_pos("lr")
         need_one_of("platform", PLATFORMS)
@@ -446,19 +432,11 @@ class RunConfig:
 
     @classmethod
     def from_toml(cls, path: str | Path, **overrides: Any) -> "RunConfig":
-        """A validated config from a torchtitan-style TOML job file; ``overrides`` (RunConfig
-        fields) replace what the file says.
-
-        Supported: ``[job]`` dump_folder; ``[model]`` name, flavor; ``[optimizer]`` name, lr;
-        ``[lr_scheduler]`` warmup_steps; ``[training]`` local_batch_size, seq_len, steps;
-        ``[parallelism]`` data_parallel_shard_degree; ``[fault_tolerance]`` enable, group_size
-        (the number of replica groups), replica_id, min_replica_size, process_group,
-        process_group_timeout_ms; ``[checkpoint]`` enable, interval, folder, keep_latest_k; and
-        ``[monarch_nb]`` with any RunConfig field by name (``[monarch_nb.respawn]``,
-        ``[monarch_nb.env]`` for the nested ones). ``monarch_nb.ft.spec.jobfile.SECTIONS`` is the
-        full table. Anything else raises ``ValueError`` naming the section and key and what
-        that section supports; so does a value of the wrong type, a field set twice, and a
-        value ``validate()`` refuses (named by the file's key, e.g. ``[training] seq_len: ...``).
+        """A validated config from a torchtitan-style TOML job file (the legacy form, torchtitan up to
+        0.2; 0.3's own form is ``titan_job``); ``overrides`` (RunConfig fields) replace what the file
+        says. The keys it takes are ``monarch_nb.ft.spec.jobfile.SECTIONS`` plus ``[monarch_nb]`` with
+        any RunConfig field by name; anything else, a wrong type, a field set twice or a value
+        ``validate()`` refuses raises ``ValueError`` naming the file's section and key.
 
         Example: ``RunConfig.from_toml("examples/llama3_debug_ft.toml", steps=50)``.
         """
@@ -491,6 +469,32 @@ def slurm_spec(config: "RunConfig") -> Any:
         if message.startswith("start_timeout_s:"):
             message = "allocation_timeout_s:" + message[len("start_timeout_s:"):]
         raise ValueError(message) from None
+
+
+def check_job_fields(config: "RunConfig") -> None:
+    """Fields of one kind of job are refused for another; each job's own spec is validated."""
+    if config.job == "kubernetes":
+        kubernetes_spec(config)
+    elif config.kubernetes is not None:
+        raise ValueError(f"kubernetes: only for job='kubernetes' (this run has job={config.job!r})")
+    if config.job == "slurm":
+        slurm_spec(config)
+        return
+    for name in ("partition", "time_limit"):
+        if getattr(config, name) is not None:
+            raise ValueError(f"{name}: only for job='slurm' (this run has job={config.job!r})")
+
+
+def check_schedule(config: "RunConfig") -> None:
+    """The lr decay and gradient clipping torchtitan's job form may set."""
+    if config.lr_decay_type not in ("linear", "sqrt", "cosine"):
+        raise ValueError(f"lr_decay_type: unknown value {config.lr_decay_type!r}; allowed values: linear, sqrt, cosine")
+    for name in ("lr_decay_ratio", "lr_min_factor"):
+        v = getattr(config, name)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= 1:
+            raise ValueError(f"{name}: must be a number from 0 to 1, got {v!r}")
+    if isinstance(config.max_norm, bool) or not isinstance(config.max_norm, (int, float)) or config.max_norm <= 0:
+        raise ValueError(f"max_norm: must be a positive number, got {config.max_norm!r}")
 
 
 def kubernetes_spec(config: "RunConfig") -> Any:
