@@ -286,10 +286,11 @@ start_node() {
     --root-dir="$d/kubelet" --cert-dir="$d/kubelet/pki" --v=1
 }
 
-nodes_ready() {
-  local ready
+nodes_ready() {  # every node Ready, and the node controller has lifted its not-ready taint (else nothing schedules)
+  local ready tainted
   ready=$(kubectl_ get nodes -o jsonpath='{range .items[*]}{.metadata.name}={.status.conditions[?(@.type=="Ready")].status}{"\n"}{end}' 2>/dev/null | grep -c '=True$' || true)
-  [ "$ready" -eq "$NODES" ]
+  tainted=$(kubectl_ get nodes -o jsonpath='{range .items[*]}{.spec.taints[*].key}{"\n"}{end}' 2>/dev/null | grep -c 'node.kubernetes.io/' || true)
+  [ "$ready" -eq "$NODES" ] && [ "$tainted" -eq 0 ]
 }
 
 merge_user_kubeconfig() {
@@ -430,6 +431,8 @@ case "${1:-status}" in
   start-node)
     BIN="$(cat "$RUN/bin")"
     NODE_IP="$(node_ip)"
-    start_node "${2:?node name}" ;;
+    start_node "${2:?node name}"
+    end=$((SECONDS + 120))
+    until nodes_ready; do [ $SECONDS -lt $end ] || die "node $2 not Ready again in 120 s"; sleep 0.5; done ;;
   *) sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
 esac

@@ -49,6 +49,20 @@ _grown = leak_check.Owned()  # what tests grew in session-scoped shared objects:
 _reported: set[object] = set()  # reported once, at the narrowest scope that left it
 
 
+# Monarch's client listens on the address of the first TCP transport its process used, for the
+# process's life. Tests that put meshes on Kubernetes pods in this process need that address to
+# be one the pods route to (the pod bridge's gateway); a ProcessJob or SLURM mesh first would make
+# it loopback, and every attach to a pod then fails ("config push failed during attach"). So they
+# run first; local, ProcessJob and SLURM meshes on this host reach the gateway address as well.
+# (A kernel that used those first has to be restarted before Kubernetes: docs/kubernetes.md.)
+POD_TRANSPORT_FIRST = ("test_k8s_mesh.py", "test_k8s_training.py")
+
+
+def pytest_collection_modifyitems(session, config, items):
+    first = [item for item in items if item.path.name in POD_TRANSPORT_FIRST]
+    items[:] = first + [item for item in items if item.path.name not in POD_TRANSPORT_FIRST]
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_fixture_setup(fixturedef, request):
     """Record what a session-scoped fixture creates while being set up (its own, see above)."""

@@ -10,6 +10,7 @@ does). The spec and the manifests are in :mod:`.kubernetes`.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import re
 import secrets
 import sys
@@ -18,6 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from . import Allocation, JobStatus
+
+log = logging.getLogger(__name__)
 from .kubernetes import KubernetesSpec, label_selector, make_kubernetes_job, pod_set, with_shape
 
 
@@ -136,7 +139,10 @@ class KubernetesAllocation(Allocation):
     def release(self, timeout: float = 10.0) -> None:
         watch, self._watch = self._watch, None
         if watch is not None:
+            seen = watch.status(self.job_id)
             watch.close()
+            if seen.state == "NODE_NOT_READY":
+                self._fence()
         job, self._job = self._job, None
         if job is not None:
             try:
@@ -151,6 +157,22 @@ class KubernetesAllocation(Allocation):
                         timeout_s=max(timeout, 30.0))
         if api is not None:
             api.close()
+
+
+    def _fence(self) -> None:
+        """A NotReady node's kubelet cannot stop its pods, and their processes may still train and
+        answer the quorum (only the kubelet is gone): stop them through Monarch itself before the
+        pod set is deleted, so a replaced group's old processes never train beside its new ones."""
+        hosts = getattr(self.job_state, self.mesh_spec.mesh, None) if self.job_state is not None else None
+        if hosts is None:
+            return
+        try:
+            hosts.shutdown().get(timeout=FENCE_TIMEOUT_S)
+        except Exception as exc:  # a host that cannot be reached cannot train either
+            log.warning("stopping the processes of %s on a NotReady node: %s", self.job_id, exc)
+
+
+FENCE_TIMEOUT_S = 10.0
 
 
 def pod_set_name(mesh: str, name: str) -> str:
