@@ -491,10 +491,11 @@ def check_schedule(config: "RunConfig") -> None:
         raise ValueError(f"lr_decay_type: unknown value {config.lr_decay_type!r}; allowed values: linear, sqrt, cosine")
     for name in ("lr_decay_ratio", "lr_min_factor"):
         v = getattr(config, name)
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= 1:
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= 1:  # NaN fails too
             raise ValueError(f"{name}: must be a number from 0 to 1, got {v!r}")
-    if isinstance(config.max_norm, bool) or not isinstance(config.max_norm, (int, float)) or config.max_norm <= 0:
-        raise ValueError(f"max_norm: must be a positive number, got {config.max_norm!r}")
+    v = config.max_norm
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+        raise ValueError(f"max_norm: must be a positive finite number, got {v!r}")
 
 
 def kubernetes_spec(config: "RunConfig") -> Any:
