@@ -140,6 +140,11 @@ def test_kubernetes_notebook_runs_on_the_cluster_and_recovers_each_kubernetes_fa
     # a node that held every group leaves no live peer: those come back from the durable checkpoint
     assert all(r.status == "recovered" and r.rung in ("hosts", "checkpoint") for r in recs), recs
     assert "NODE_NOT_READY" in (aimed[-1].reason or ""), aimed[-1].reason
+    # the deleted pod: seen by the pod watch, replaced by the warm spare pod set, healed from the
+    # live peer only (never from the deleted pod's process, which lives on a moment)
+    deleted = aimed[0]
+    assert deleted.acquired_how == "spare" and deleted.heal_bytes and deleted.heal_sources == [0], deleted
+    assert "POD_DELETED" in (deleted.reason or "") and deleted.detection_s is not None and deleted.detection_s < 10
     assert not k8s_cluster.project_pods(), "stop deletes every pod set"
 
 
