@@ -59,19 +59,6 @@ def all_training(run: FTRun) -> bool:
     return all(s["state"] == "training" for k, s in run.status().items() if isinstance(k, int))
 
 
-def nodes_ready(timeout: float = 120.0) -> None:
-    from kubernetes import client
-
-    deadline = time.monotonic() + timeout
-    with local_k8s.api() as api:
-        while time.monotonic() < deadline:
-            nodes = client.CoreV1Api(api).list_node().items
-            if all(any(c.type == "Ready" and c.status == "True" for c in n.status.conditions or []) for n in nodes):
-                return
-            time.sleep(0.5)
-    raise TimeoutError("nodes not Ready again")
-
-
 def recoveries(kinds: list[str], repeats: int, spares: int, replicas: int, timeout: float) -> tuple[list, list]:
     # A node lost takes every group on it; once every group sits on one node (after the first node
     # fault they all do), nothing live holds the state: durable checkpoints are the ladder's last rung.
@@ -109,8 +96,7 @@ def recoveries(kinds: list[str], repeats: int, spares: int, replicas: int, timeo
                     print(f"  [spares={spares}] {kind} replica {victim}: NOT RECOVERED ({exc})", flush=True)
                 finally:
                     if kind == "node_notready":
-                        local_k8s.start_node(node)
-                        nodes_ready()
+                        local_k8s.start_node(node)  # returns once every node is Ready and untainted
     finally:
         run.stop()
     fault_of = {v: k for k, v in KINDS.items()}

@@ -55,7 +55,7 @@ _reported: set[object] = set()  # reported once, at the narrowest scope that lef
 # it loopback, and every attach to a pod then fails ("config push failed during attach"). So they
 # run first; local, ProcessJob and SLURM meshes on this host reach the gateway address as well.
 # (A kernel that used those first has to be restarted before Kubernetes: docs/kubernetes.md.)
-POD_TRANSPORT_FIRST = ("test_k8s_mesh.py", "test_k8s_training.py")
+POD_TRANSPORT_FIRST = ("test_k8s_mesh.py",)
 
 
 def pytest_collection_modifyitems(session, config, items):
