@@ -494,7 +494,7 @@ def check_schedule(config: "RunConfig") -> None:
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= 1:  # NaN fails too
             raise ValueError(f"{name}: must be a number from 0 to 1, got {v!r}")
     v = config.max_norm
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not finite(v) or v <= 0:
         raise ValueError(f"max_norm: must be a positive finite number, got {v!r}")
 
 
