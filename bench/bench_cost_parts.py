@@ -194,7 +194,7 @@ def _checkpoint(model: str, directory: str) -> tuple[dict[str, list[int]], int]:
     import torch
     import torch.distributed.checkpoint as dcp
 
-    from monarch_nb.ft.spec.flavors import model_config
+    from monarch_nb.ft.settings.flavors import model_config
 
     with torch.device("cpu"):
         net = model_config(model).build()

@@ -45,7 +45,7 @@ def _inject(i):
 
 SETUP_REAL = """
 from monarch_nb.ft.control.run import FTRun
-from monarch_nb.ft.spec.config import RunConfig
+from monarch_nb.ft.settings.config import RunConfig
 run = FTRun(RunConfig(replicas={replicas}, group_size={group_size}))
 run.start()
 def _inject(i):

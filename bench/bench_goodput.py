@@ -80,7 +80,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from goodput_records import race, reached  # noqa: E402
 
 from monarch_nb.ft import FTRun, RunConfig  # noqa: E402
-from monarch_nb.ft.spec.config import MODELS as FLAVOURS  # noqa: E402
+from monarch_nb.ft.settings.config import MODELS as FLAVOURS  # noqa: E402
 
 
 CALIBRATION_EVERY = 10  # steps between the calibration run's saves: most steps are untouched by one

@@ -37,7 +37,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from monarch_nb.ft import FaultKind, FTRun, RunConfig  # noqa: E402
-from monarch_nb.ft.spec.faults import CLUSTER_KINDS  # noqa: E402
+from monarch_nb.ft.settings.faults import CLUSTER_KINDS  # noqa: E402
 from monarch_nb.ft.record.recovery import PHASES  # noqa: E402
 from monarch_nb.telemetry.events import Rejoined, ReplicasIdentical, SpareState  # noqa: E402
 

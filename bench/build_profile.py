@@ -31,8 +31,8 @@ from monarch_nb import seam
 seam.stub_triton_kernels()
 seam.import_torchtitan()
 t2 = time.time()
-from monarch_nb.ft.spec.config import RunConfig
-from monarch_nb.ft.spec.tinydata import ensure_tinydata
+from monarch_nb.ft.settings.config import RunConfig
+from monarch_nb.ft.settings.tinydata import ensure_tinydata
 from monarch_nb.ft.worker.replica_trainer import ReplicaTrainer
 cfg = {**RunConfig(replicas=1).to_dict(), "respawn": None, "run_id": "profile", "checkpoint_dir": %r,
        "advertise_host": "127.0.0.1", "communicator_at_once": True}

@@ -52,7 +52,7 @@ import psutil
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from monarch_nb.ft import FaultKind, FTRun, RunConfig, open_run  # noqa: E402
-from monarch_nb.ft.spec.faults import CLUSTER_KINDS  # noqa: E402
+from monarch_nb.ft.settings.faults import CLUSTER_KINDS  # noqa: E402
 from monarch_nb.ft.record.history import RunHistory  # noqa: E402
 from monarch_nb.calls import messages_sent  # noqa: E402
 from monarch_nb.meshes import pid_alive  # noqa: E402

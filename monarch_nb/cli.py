@@ -1,4 +1,4 @@
-"""``monarch-nb``: run notebooks headless on the Monarch kernel, check a torchtitan job, install the kernel."""
+"""``monarch-nb``: run notebooks headless on the Monarch kernel, train or check a torchtitan job, install the kernel."""
 
 from __future__ import annotations
 
@@ -9,11 +9,15 @@ import sys
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["check-job"]:  # the rest is torchtitan's own job form, parsed by torchtitan
-        from .ft.spec.titan_job import check
+        from .ft.settings.titan_job import check
 
         code, text = check(argv[1:])
         print(text, file=sys.stderr if code == 2 else sys.stdout)
         return code
+    if argv[:1] == ["train"]:  # the flags of `%monarch train`, torchtitan's job form among them
+        from .shell_train import main as train
+
+        return train(argv[1:])
     parser = argparse.ArgumentParser(prog="monarch-nb", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -28,6 +32,9 @@ def main(argv: list[str] | None = None) -> int:
 
     sub.add_parser("check-job", help="torchtitan 0.3's job form (--module M --config F --section.key V ...): "
                    "print what every field becomes, honoured or refused; nothing is started")
+
+    sub.add_parser("train", help="start a fault-tolerant run headless and train to its last step: the flags of "
+                   "`%%monarch train` (monarch-nb train --help), torchtitan 0.3's job form among them")
 
     inst = sub.add_parser("install-kernel", help="install the Monarch kernelspec")
     inst.add_argument("--user", action="store_true", help="install for this user instead of this environment")

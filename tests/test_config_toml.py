@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from monarch_nb.ft import RespawnBackoff, RunConfig
-from monarch_nb.ft.spec.config import MODELS
-from monarch_nb.ft.spec.jobfile import SECTIONS, describe_sections
+from monarch_nb.ft.settings.config import MODELS
+from monarch_nb.ft.settings.jobfile import SECTIONS, describe_sections
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLE = REPO / "examples" / "llama3_debug_ft.toml"
@@ -235,7 +235,7 @@ def test_help_documents_every_field_in_groups():
 
 
 def test_flavours_between_tiny_and_1B_have_the_advertised_sizes():
-    from monarch_nb.ft.spec.flavors import parameter_count
+    from monarch_nb.ft.settings.flavors import parameter_count
 
     assert MODELS[:6] == ("tiny", "debugmodel", "debug4x", "small", "medium", "1B")
     counts = {name: parameter_count(name) for name in ("tiny", "debugmodel", "debug4x", "small", "medium")}  # meta device
@@ -249,7 +249,7 @@ def test_our_assembly_of_the_debugmodel_numbers_is_torchtitans_debugmodel_bit_fo
     """The small/medium flavours are built by the same code path; this pins it to torchtitan's."""
     import torch
 
-    from monarch_nb.ft.spec.flavors import DEBUGMODEL, assemble, model_config
+    from monarch_nb.ft.settings.flavors import DEBUGMODEL, assemble, model_config
 
     def weights(cfg):
         torch.manual_seed(0)
@@ -271,7 +271,7 @@ def test_the_small_flavour_builds_in_a_trainer_and_takes_two_steps_on_cpu():
     import torch
 
     from monarch_nb.ft.worker.replica_trainer import ReplicaTrainer
-    from monarch_nb.ft.spec.tinydata import ensure_tinydata
+    from monarch_nb.ft.settings.tinydata import ensure_tinydata
 
     trainer = ReplicaTrainer({"model": "small", "platform": "cpu", "threads_per_proc": 2, "steps": 10},
                              replica=None, rank=0, group_size=1, lighthouse=None, store_port=None,

@@ -13,7 +13,7 @@ import time
 import pytest
 
 from monarch_nb.ft import FTRun, RunConfig
-from monarch_nb.ft.spec.checkpoint_format import COMPLETE, latest_complete, list_checkpoints
+from monarch_nb.ft.settings.checkpoint_format import COMPLETE, latest_complete, list_checkpoints
 from helpers.proc_checks import assert_gone
 
 pytestmark = pytest.mark.slow

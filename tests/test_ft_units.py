@@ -10,7 +10,7 @@ import pytest
 
 from monarch_nb.ft import Fault, FaultKind, FaultSchedule, RespawnBackoff, RunConfig, open_run, select_platform
 from monarch_nb.ft.control.run import FTRun
-from monarch_nb.ft.spec.platform import check_gpu_sharing
+from monarch_nb.ft.settings.platform import check_gpu_sharing
 from monarch_nb.telemetry import EventStore
 from monarch_nb.telemetry.events import (
     FailureDetected,
@@ -55,7 +55,7 @@ def test_invalid_config_fails_before_any_process_starts(tmp_path):
 
 
 def test_a_plain_restart_address_names_the_jobs_store_and_its_generation():
-    from monarch_nb.ft.spec.plain_address import PlainAddress, is_plain
+    from monarch_nb.ft.settings.plain_address import PlainAddress, is_plain
 
     a = PlainAddress("10.77.0.1", 29500, 3)
     assert str(a) == "plain://10.77.0.1:29500/3" and PlainAddress.parse(str(a)) == a and is_plain(str(a))
@@ -104,7 +104,7 @@ def test_a_run_recorded_with_recovery_resumes_with_its_on_failure(tmp_path):
     import torch
 
     from monarch_nb.ft.control.opening import resume_point
-    from monarch_nb.ft.spec.checkpoint_format import COMPLETE, META, step_dir
+    from monarch_nb.ft.settings.checkpoint_format import COMPLETE, META, step_dir
 
     recorded = {**RunConfig(replicas=2, model="tiny", checkpoint_every=5).to_dict(), "recovery": "restart"}
     del recorded["on_failure"]
@@ -319,7 +319,7 @@ def _dead_child(tmp_path, kind, log=None):
     import psutil
 
     code = ("import os, sys\n"
-            "from monarch_nb.ft.spec.faults import FaultKind, record_firing\n"
+            "from monarch_nb.ft.settings.faults import FaultKind, record_firing\n"
             "from monarch_nb.ft.worker.fault_firing import fire\n"
             "kind = FaultKind(sys.argv[1])\n"
             "if len(sys.argv) > 2:\n"
@@ -473,7 +473,7 @@ def test_platform_on_a_cpu_only_host_is_cpu_gloo():
 
 
 def test_tiny_tokenizer_and_corpus_are_built_locally_and_load_in_torchtitan(tmp_path):
-    from monarch_nb.ft.spec.tinydata import ensure_tinydata
+    from monarch_nb.ft.settings.tinydata import ensure_tinydata
 
     out = ensure_tinydata(tmp_path)
     again = ensure_tinydata(tmp_path)

@@ -32,8 +32,9 @@ from IPython.core.error import UsageError
 
 from monarch_nb.errors import MonarchNbError
 from monarch_nb.ft import RespawnBackoff, RunConfig, open_run
-from monarch_nb.ft.spec import config as config_module
-from monarch_nb.ft.spec.jobfile import OWN_SECTION, SECTIONS
+from monarch_nb.ft.settings import config as config_module
+from monarch_nb.ft.settings.titan_parts import TitanParts
+from monarch_nb.ft.settings.jobfile import OWN_SECTION, SECTIONS
 from monarch_nb.notebook.args import HelpShown, non_negative_int, positive_float, positive_int
 from monarch_nb.notebook.magics import SUBCOMMANDS, _cell_parser, _line_parser
 from monarch_nb.telemetry import EventStore, event_kinds
@@ -229,6 +230,7 @@ def test_the_generated_lines_start_with_every_real_subcommand():
 
 FIELDS = {f.name for f in dataclasses.fields(RunConfig)}
 RESPAWN_FIELDS = {f.name for f in dataclasses.fields(RespawnBackoff)}
+TITAN_FIELDS = {f.name for f in dataclasses.fields(TitanParts)}
 # Values a field accepts, so that generated configs get past the first refusal.
 KNOWN_VALUES = {"model": config_module.MODELS, "job": config_module.JOBS, "on_failure": config_module.ON_FAILURE,
                 "heal_transport": config_module.HEAL_TRANSPORTS, "platform": ("auto", "cpu", "cuda", "rocm"),
@@ -292,8 +294,9 @@ def _names_a_field(message: str, data: dict[str, Any]) -> bool:
     head = message.partition(":")[0]
     root, _, rest = head.partition(".")
     if root in FIELDS:
-        return not rest or (root == "respawn" and (rest in RESPAWN_FIELDS or message.startswith(
-            f"respawn.{rest}: unknown key; allowed keys: ")))
+        nested = {"respawn": RESPAWN_FIELDS, "titan": TITAN_FIELDS}.get(root, ())
+        return not rest or (bool(nested) and (rest in nested or message.startswith(
+            f"{root}.{rest}: unknown key; allowed keys: ")))
     return any(message.startswith(f"{key}: unknown config field") for key in data if key not in FIELDS)
 
 

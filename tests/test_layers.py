@@ -22,8 +22,8 @@ def layer_of(module: str) -> int:
         return FT
     if parts[1:2] == ["telemetry"]:
         return TELEMETRY
-    if parts[1:2] in (["cli"], ["execute"]) or module == "monarch_nb":
-        return SURFACE  # the package root wires the layers (views registry, lazy exports)
+    if parts[1:2] in (["cli"], ["execute"], ["shell_train"]) or module == "monarch_nb":
+        return SURFACE  # the shell commands, and the package root that wires the layers
     return CONTROLLER
 
 
@@ -113,7 +113,7 @@ def test_one_class_recovery():
     assert found == ["ft/record/recovery.py"]
 
 
-SIDES = ("spec", "control", "worker", "record")
+SIDES = ("settings", "control", "worker", "record")
 
 
 def side_of(module: str) -> str | None:
@@ -123,12 +123,12 @@ def side_of(module: str) -> str | None:
 
 def test_every_ft_module_lives_in_the_folder_of_the_side_it_runs_on():
     loose = [m for m in modules() if m.startswith("monarch_nb.ft.") and side_of(m) is None]
-    assert not loose, f"ft/ modules outside spec/, control/, worker/, record/: {loose}"
+    assert not loose, f"ft/ modules outside settings/, control/, worker/, record/: {loose}"
 
 
 def test_the_kernel_side_and_the_worker_side_never_import_each_other():
     """control/ may import only the actor class it spawns from worker/; worker/ imports no control/
-    code; spec/ (plain data) and record/ (folds of events) import neither side."""
+    code; settings/ (plain data) and record/ (folds of events) import neither side."""
     allowed = {("control", "monarch_nb.ft.worker.trainer_actor")}
     crossing = []
     for module, path in modules().items():
@@ -137,7 +137,7 @@ def test_the_kernel_side_and_the_worker_side_never_import_each_other():
             continue
         for target in imports_of(module, path):
             other = side_of(target)
-            if other is None or other == side or other == "spec":
+            if other is None or other == side or other == "settings":
                 continue
             if other == "record" and side == "control":
                 continue  # the controller folds its events

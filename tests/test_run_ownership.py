@@ -13,7 +13,7 @@ import pytest
 
 from monarch_nb.ft import FTRun, RunConfig
 from monarch_nb.ft.control.checkpoint_folder import MANIFEST, Manifest, checkpoint_root, claim
-from monarch_nb.ft.spec.checkpoint_format import list_checkpoints, step_dir
+from monarch_nb.ft.settings.checkpoint_format import list_checkpoints, step_dir
 from monarch_nb.telemetry.events import CheckpointLoaded, Resumed, RunFinished, RunStarted, RunStopped, Step
 
 REPO = Path(__file__).resolve().parent.parent

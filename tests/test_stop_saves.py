@@ -12,7 +12,7 @@ import pytest
 from torch.distributed.checkpoint import FileSystemWriter
 
 from monarch_nb.ft import FTRun, RunConfig
-from monarch_nb.ft.spec.checkpoint_format import ABANDONED, COMPLETE, latest_complete, list_checkpoints, step_dir
+from monarch_nb.ft.settings.checkpoint_format import ABANDONED, COMPLETE, latest_complete, list_checkpoints, step_dir
 from monarch_nb.ft.worker.checkpointer import SLOW_SAVE_ENV, DurableCheckpointer
 from monarch_nb.ft.control.checkpoint_folder import remove_torn
 from monarch_nb.ft.control.run import SAVE_DEADLINE_MIN_S, StopReport, save_deadline

@@ -11,7 +11,7 @@ import dataclasses
 import pytest
 
 from monarch_nb.cli import main as cli
-from monarch_nb.ft.spec import titan_job
+from monarch_nb.ft.settings import titan_job
 
 SHIPPED = {"llama3": "llama3_debugmodel", "qwen3": "qwen3_debugmodel", "torchft.llama3": "llama3_torchft_debugmodel"}
 
@@ -135,10 +135,80 @@ def test_bad_input_is_one_clear_line_and_exit_2(capsys, args, expected):
 
 
 def test_check_job_prints_every_field_and_exits_1_on_a_refusal(capsys):
-    assert cli(["check-job", "--module", "llama3", "--config", "llama3_debugmodel", "--training.steps", "40"]) == 1
+    assert cli(["check-job", "--module", "llama3", "--config", "llama3_debugmodel", "--training.steps", "40"]) == 0
     out = capsys.readouterr().out
-    assert "  training.steps = 40  ->  steps = 40" in out
-    assert "! dataloader.dataset = 'c4_test'" in out and "refused (marked !)" in out
+    assert "  training.steps = 40  ->  steps = 40" in out and "0 refused" in out
+    assert "  dataloader.dataset = 'c4_test'  ->  titan.dataset = 'c4_test' (torchtitan's HuggingFaceTextDataset)" in out
+    assert "titan.activation_checkpoint = 'selective'" in out
+    assert cli(["check-job", "--module", "llama3", "--config", "llama3_debugmodel",
+                "--profiler.enable-profiling"]) == 1
+    out = capsys.readouterr().out
+    assert "! profiler.enable_profiling = True" in out and "! profiler.profile_freq = 10" in out
+
+
+def test_the_shipped_debug_configs_are_accepted_with_torchtitans_dataset_tokenizer_and_ac():
+    """c4_test and ./tests/assets/tokenizer live in torchtitan's source tree, not its wheel: where
+    they are missing, the tiny corpus (written in c4_test's layout) and tokenizer stand in."""
+    config = titan_job.run_config(["--module", "llama3", "--config", "llama3_debugmodel"])
+    assert config.titan.dataset == "c4_test" and config.titan.dataset_path is None
+    assert config.titan.tokenizer_path is None and config.titan.activation_checkpoint == "selective"
+    assert config.steps == 10 and config.seq_len == 2048 and config.batch_size == 8
+
+
+def test_local_dataset_and_tokenizer_paths_are_used_and_a_missing_one_is_refused(tmp_path):
+    from monarch_nb.ft.settings.tinydata import ensure_tinydata
+
+    data = ensure_tinydata(tmp_path / "cache")
+    config = titan_job.run_config(["--module", "llama3", "--config", "llama3_debugmodel",
+                                   "--hf_assets_path", str(data), "--dataloader.dataset_path", str(data / "c4_test"),
+                                   "activation-checkpoint:full"])
+    assert config.titan.tokenizer_path == str(data) and config.titan.dataset_path == str(data / "c4_test")
+    assert config.titan.activation_checkpoint == "full"
+    with pytest.raises(titan_job.JobRefused, match=r"hf_assets_path = '/nowhere'.*no such file or folder here"):
+        titan_job.run_config(["--module", "llama3", "--config", "llama3_debugmodel", "--hf_assets_path", "/nowhere"])
+    with pytest.raises(titan_job.JobRefused, match=r"loads 'allenai/c4' from the hub.*--dataloader.dataset_path"):
+        titan_job.run_config(["--module", "llama3", "--config", "llama3_debugmodel", "--dataloader.dataset", "c4"])
+
+
+def _magic_args(line):
+    from monarch_nb.notebook.args import MagicArgumentParser
+    from monarch_nb.notebook.train_magics import add_training_commands
+
+    parser = MagicArgumentParser(prog="%monarch")
+    add_training_commands(parser.add_subparsers(dest="command"))
+    return parser.parse_line(line)
+
+
+def test_the_magic_takes_torchtitans_job_form_beside_its_own_flags():
+    from monarch_nb.notebook.train_magics import config_from_args
+
+    args = _magic_args("train --module llama3 --config llama3_debugmodel --training.steps 40 "
+                       "--optimizer.param-groups.0.optimizer-kwargs.lr 1e-3 --replicas 2 --spares 1 --name keep")
+    config = config_from_args(args)
+    assert (config.steps, config.lr, config.replicas, config.spares, config.run_name) == (40, 1e-3, 2, 1, "keep")
+    assert config.titan.dataset == "c4_test"
+    with pytest.raises(ValueError, match=r"--steps \(give --training.steps\)"):
+        config_from_args(_magic_args("train --module llama3 --config llama3_debugmodel --steps 5"))
+    with pytest.raises(ValueError, match="--module llama3 needs --config FUNCTION"):
+        config_from_args(_magic_args("train --module llama3"))
+    from IPython.core.error import UsageError
+
+    with pytest.raises(UsageError, match="unrecognized arguments: --training.steps 3"):
+        _magic_args("train --replicas 2 --training.steps 3")
+
+
+def test_ftrun_takes_a_trainer_config_built_in_python(tmp_path):
+    from torchtitan.models.llama3.config_registry import llama3_debugmodel
+
+    from monarch_nb.ft import FTRun
+
+    trainer = llama3_debugmodel()
+    trainer.training.steps = 7
+    run = FTRun(trainer, replicas=2, runs_root=str(tmp_path))
+    assert run.config.steps == 7 and run.config.replicas == 2 and run.config.titan.activation_checkpoint == "selective"
+    trainer.compile.enable = True
+    with pytest.raises(titan_job.JobRefused, match="compile.enable = True"):
+        FTRun(trainer, runs_root=str(tmp_path))
 
 
 def test_registry_shapes_used_here_hold(shipped):

@@ -10,10 +10,10 @@ healed replicas are bit-identical, and records everything in ``<run_dir>/events.
 from .control.run import FTRun, StopReport, open_run
 from .record.history import RunHistory
 from .record.recovery import Phase, Recovery, RecoveryTracker
-from .spec.config import RunConfig
-from .spec.faults import Fault, FaultKind, FaultSchedule
-from .spec.platform import Platform, select_platform
-from .spec.respawn import RespawnBackoff
+from .settings.config import RunConfig
+from .settings.faults import Fault, FaultKind, FaultSchedule
+from .settings.platform import Platform, select_platform
+from .settings.respawn import RespawnBackoff
 
 __all__ = ["FTRun", "Fault", "FaultKind", "FaultSchedule", "Phase", "Platform", "Recovery", "RecoveryTracker",
            "RespawnBackoff", "RunConfig", "RunHistory", "StopReport", "open_run", "select_platform"]

@@ -43,11 +43,19 @@ class MagicArgumentParser(argparse.ArgumentParser):
             raise UsageError(f"{self.prog}: cannot parse arguments ({exc})\n\n{usage}") from None
         self._argv = argv
         try:
-            return self.parse_args(argv)
+            args, extra = self.parse_known_args(argv)
         except argparse.ArgumentError as exc:
             self.error(str(exc))
         finally:
             self._argv = None
+        if extra and getattr(args, "module", None) is None:  # only a torchtitan job takes flags we do not know
+            self._argv = argv
+            try:
+                self.error(f"unrecognized arguments: {' '.join(extra)}")
+            finally:
+                self._argv = None
+        args.titan_args = extra  # torchtitan's --section.key flags, for its own parser
+        return args
 
     def usage_for(self, line: str) -> str:
         """The usage of the subcommand named in ``line`` (for errors found after parsing)."""

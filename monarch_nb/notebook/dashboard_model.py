@@ -16,7 +16,7 @@ from typing import Any, Iterable
 
 from ..errors import format_ranks
 from ..ft.record.recovery import Recovery, RecoveryTracker
-from ..ft.spec.faults import FaultKind
+from ..ft.settings.faults import FaultKind
 from ..telemetry.events import (
     Acquired,
     CallTimedOut,

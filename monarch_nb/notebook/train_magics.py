@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Any
 from IPython.core.error import UsageError
 
 from ..errors import Interrupted
-from ..ft.spec.config import LOWEST_RUNGS, MODELS, ON_FAILURE, QUORUMS
-from ..ft.spec.faults import CLUSTER_KINDS, FaultKind
+from ..ft.settings.config import LOWEST_RUNGS, MODELS, ON_FAILURE, QUORUMS
+from ..ft.settings.faults import CLUSTER_KINDS, FaultKind
 from .args import non_negative_int, positive_float, positive_int, positive_number
 from .progress import Line, Progress
 
@@ -37,9 +37,18 @@ CHECK_TIMEOUT_S = 60.0
 
 
 def add_training_commands(sub: Any) -> None:
-    train = sub.add_parser("train", help="start a fault-tolerant run (FTRun(RunConfig(...)).start())")
-    train.add_argument("--config", default=None, metavar="FILE.toml",
-                       help="a torchtitan-style TOML job file (RunConfig.from_toml); the other flags override it")
+    train = sub.add_parser(
+        "train", help="start a fault-tolerant run (FTRun(RunConfig(...)).start())",
+        epilog="torchtitan 0.3's job form: --module M --config FUNCTION [--section.key VALUE ...] (e.g. --module "
+               "llama3 --config llama3_debugmodel --training.steps 40), parsed by torchtitan's ConfigManager; "
+               "`monarch-nb check-job --module M --config F --help` lists its fields. Without --module, --config "
+               "is a legacy TOML job file (torchtitan up to 0.2).")
+    train.add_argument("--module", default=None, metavar="M",
+                       help="torchtitan 0.3 config registry: a shorthand (llama3, qwen3, torchft.llama3) or your "
+                            "own module; --config then names its function")
+    train.add_argument("--config", default=None, metavar="FUNCTION|FILE.toml",
+                       help="with --module: the registry function; else a legacy TOML job file (RunConfig.from_toml); "
+                            "the other flags override it")
     train.add_argument("--replicas", type=positive_int, default=None, help="replica groups R (default 3)")
     train.add_argument("--group-size", type=positive_int, default=None,
                        help="processes per group G (FSDP when > 1; default 1)")
@@ -165,47 +174,25 @@ class TrainingCommands:
         return self.run
 
     def train(self, args: argparse.Namespace, session: Session, shell: Any) -> FTRun:
-        from ..ft import FTRun, RespawnBackoff, RunConfig
+        from ..ft import FTRun
 
         if self.run is not None and not self.run.stopped:
             raise UsageError(f"run {self.run.run_id} is still active; `%monarch stop` it first")
-        if args.slurm and args.job not in (None, "slurm"):
-            raise UsageError(f"--slurm and --job {args.job} disagree; give one")
-        if args.k8s and (args.slurm or args.job not in (None, "kubernetes")):
-            raise UsageError(f"--k8s and {'--slurm' if args.slurm else '--job ' + str(args.job)} disagree; give one")
-        fields = {"replicas": args.replicas, "group_size": args.group_size, "steps": args.steps,
-                  "seq_len": args.seq_len, "batch_size": args.batch_size, "lr": args.lr, "model": args.model,
-                  "job": "slurm" if args.slurm else "kubernetes" if args.k8s else args.job, "platform": args.platform, "backend": args.backend,
-                  "run_name": args.name,
-                  "partition": args.partition, "time_limit": args.time_limit, "spares": args.spares,
-                  "checkpoint_every": args.checkpoint_every, "checkpoint_dir": args.checkpoint_dir,
-                  "on_failure": args.on_failure, "resume_from": args.resume_from,
-                  "lowest_rung": args.lowest_rung, "quorum": args.quorum}
-        overrides = {k: v for k, v in fields.items() if v is not None}
         if args.resume:
-            if args.config:
-                raise UsageError("--resume continues a run with its own config; drop --config")
-            if args.resume_from:
-                raise UsageError("--resume continues a run from its own checkpoints; --resume-from starts a new run "
-                                 "from another run's checkpoint: give one of them")
             try:
-                run = FTRun.resume(args.resume, session=session, **overrides)
+                run = FTRun.resume(args.resume, session=session, **resume_overrides(args))
             except (ValueError, TypeError) as exc:
                 raise UsageError(str(exc)) from None
             return self._started(run, args, shell, f" resumed from step {run.resume_from.step}")
         try:
-            config = RunConfig.from_toml(args.config, **overrides) if args.config else RunConfig(**overrides)
-            if args.max_respawns is not None:
-                respawn = dataclasses.replace(config.respawn or RespawnBackoff(), max_respawns=args.max_respawns)
-                config = config.replace(respawn=respawn)
-            config = config.validate()
+            config = config_from_args(args)
         except (ValueError, TypeError) as exc:
             raise UsageError(str(exc)) from None
         try:
             run = FTRun(config, session=session)
         except ValueError as exc:
             raise UsageError(str(exc)) from None
-        how = f" from {args.config}" if args.config else ""
+        how = f" from {args.module or ''}{' ' if args.module else ''}{args.config}" if args.config else ""
         if run.resume_from is not None:
             source = f"run {run.resume_source}'s" if run.resume_source else "the"
             how += f", starting from {source} checkpoint of step {run.resume_from.step}"
@@ -406,3 +393,68 @@ def _groups(replicas: list[int], every: bool = False) -> str:
     if every:
         return f"every replica group ({names})"
     return f"replica {names}" if len(replicas) == 1 else f"replicas {names}"
+
+
+# flags of ours that a torchtitan 0.3 job sets itself: with --module, give torchtitan's flag
+TITAN_SETS = {"steps": "--training.steps", "seq_len": "--training.seq_len", "batch_size": "--training.local_batch_size",
+              "lr": "--optimizer.param-groups.0.optimizer-kwargs.lr", "model": "--config (the registry function picks the model)",
+              "group_size": "--parallelism.data_parallel_shard_degree", "backend": "--fault_tolerance.process_group",
+              "checkpoint_every": "--checkpoint.enable --checkpoint.interval K"}
+
+
+def _own_fields(args: argparse.Namespace) -> dict[str, Any]:
+    fields = {"replicas": args.replicas, "group_size": args.group_size, "steps": args.steps,
+              "seq_len": args.seq_len, "batch_size": args.batch_size, "lr": args.lr, "model": args.model,
+              "job": "slurm" if args.slurm else "kubernetes" if args.k8s else args.job, "platform": args.platform,
+              "backend": args.backend, "run_name": args.name,
+              "partition": args.partition, "time_limit": args.time_limit, "spares": args.spares,
+              "checkpoint_every": args.checkpoint_every, "checkpoint_dir": args.checkpoint_dir,
+              "on_failure": args.on_failure, "resume_from": args.resume_from,
+              "lowest_rung": args.lowest_rung, "quorum": args.quorum}
+    return {k: v for k, v in fields.items() if v is not None}
+
+
+def _check_job_flags(args: argparse.Namespace) -> None:
+    if args.slurm and args.job not in (None, "slurm"):
+        raise ValueError(f"--slurm and --job {args.job} disagree; give one")
+    if args.k8s and (args.slurm or args.job not in (None, "kubernetes")):
+        raise ValueError(f"--k8s and {'--slurm' if args.slurm else '--job ' + str(args.job)} disagree; give one")
+
+
+def resume_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    """``--resume RUN_DIR``: the run's own config, with these flags over it."""
+    _check_job_flags(args)
+    if args.config or args.module:
+        raise ValueError("--resume continues a run with its own config; drop --config/--module")
+    if args.resume_from:
+        raise ValueError("--resume continues a run from its own checkpoints; --resume-from starts a new run "
+                         "from another run's checkpoint: give one of them")
+    return _own_fields(args)
+
+
+def config_from_args(args: argparse.Namespace) -> Any:
+    """The validated RunConfig that ``%monarch train ARGS`` and ``monarch-nb train ARGS`` start: from
+    flags, a torchtitan 0.3 registry job (``--module M --config F --section.key V``, read by
+    torchtitan's own ConfigManager), or a legacy TOML file. A ``ValueError`` names what is wrong."""
+    from ..ft import RespawnBackoff, RunConfig
+    from ..ft.settings import titan_job
+
+    _check_job_flags(args)
+    overrides = _own_fields(args)
+    titan_args = list(getattr(args, "titan_args", None) or [])
+    if args.module is not None:
+        clash = [f"--{k.replace('_', '-')} (give {TITAN_SETS[k]})" for k in overrides if k in TITAN_SETS]
+        if clash:
+            raise ValueError(f"with --module the job sets these itself: {', '.join(clash)}")
+        if args.config is None:
+            raise ValueError(f"--module {args.module} needs --config FUNCTION (the registry function to call)")
+        config = titan_job.run_config(["--module", args.module, "--config", args.config, *titan_args], **overrides)
+    elif titan_args:
+        raise ValueError(f"unrecognized arguments: {' '.join(titan_args)} (torchtitan's --section.key flags need "
+                         "--module M --config F)")
+    else:
+        config = RunConfig.from_toml(args.config, **overrides) if args.config else RunConfig(**overrides)
+    if args.max_respawns is not None:
+        respawn = dataclasses.replace(config.respawn or RespawnBackoff(), max_respawns=args.max_respawns)
+        config = config.replace(respawn=respawn)
+    return config.validate()

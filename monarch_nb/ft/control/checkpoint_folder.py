@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from ..spec.checkpoint_format import META, CheckpointInfo, latest_complete, list_checkpoints
+from ..settings.checkpoint_format import META, CheckpointInfo, latest_complete, list_checkpoints
 
 MANIFEST = "manifest.json"
 

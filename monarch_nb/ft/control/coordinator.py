@@ -18,7 +18,7 @@ import warnings
 from typing import Callable
 
 from ...telemetry.events import Event, LighthouseFailed, LighthouseRestarted, LighthouseStarted
-from ..spec.config import RunConfig
+from ..settings.config import RunConfig
 from .groups import ReplicaGroup
 from .lighthouse import Lighthouse, LighthouseSettings, join_timeout_for
 from .name_lookup import reverse_lookup_finding

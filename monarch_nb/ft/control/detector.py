@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from ...calls import MeshResult
 from ...meshes import exit_status, gone, pid_alive
-from ..spec.config import RunConfig
-from ..spec.faults import ENDS_PROCESS
+from ..settings.config import RunConfig
+from ..settings.faults import ENDS_PROCESS
 from .groups import FINISHED, HEALING, TRAINING, WAITING, Failure, GroupTable, ReplicaGroup
 
 if TYPE_CHECKING:

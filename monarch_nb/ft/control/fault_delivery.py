@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Callable
 
-from ..spec.config import RunConfig
-from ..spec.faults import Fault, FaultKind, record_firing
+from ..settings.config import RunConfig
+from ..settings.faults import Fault, FaultKind, record_firing
 from .groups import HEALING, TRAINING, GroupTable
 
 if TYPE_CHECKING:

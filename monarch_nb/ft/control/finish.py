@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Callable
 
 from ...telemetry import EventStore
 from ...telemetry.events import Event, ReplicaState, RunFinished
-from ..spec.config import RunConfig
+from ..settings.config import RunConfig
 from .groups import FINISHED, GAVE_UP, RETIRED, GroupTable
 from .supervisor import Supervisor
 

@@ -1,6 +1,6 @@
 """Faults on demand and on a schedule, and when each one actually fired.
 
-The injector validates a :class:`~monarch_nb.ft.spec.faults.Fault` against the run, refuses a
+The injector validates a :class:`~monarch_nb.ft.settings.faults.Fault` against the run, refuses a
 target that is not running, and hands it to the target rank's trainer, which arms it for a
 step. A worker appends a line to the run's fault log (``faults.jsonl``) just before it fires
 a fault, because the process may be gone a moment later; :meth:`FaultInjector.fired_time`
@@ -22,7 +22,7 @@ import threading
 from typing import Any, Callable
 
 from ...telemetry.events import Event, FaultInjected, FaultSkipped
-from ..spec.faults import CLUSTER_KINDS, Fault, FaultKind, FaultSchedule
+from ..settings.faults import CLUSTER_KINDS, Fault, FaultKind, FaultSchedule
 from .groups import HEALING, TRAINING, GroupTable
 
 FIRED_KEPT = 1000

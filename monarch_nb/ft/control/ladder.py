@@ -33,7 +33,7 @@ from typing import ClassVar
 
 from ...telemetry.events import FailureDetected, GaveUp, Respawned, RungEscalated, RungStarted
 from .groups import FAILED, GAVE_UP, HEALING, REPAIRING, RESPAWNING, TRAINING, Failure, ReplicaGroup
-from ..spec.config import RunConfig
+from ..settings.config import RunConfig
 from .means import ResponseMeans
 
 RUNGS = ("communicator", "step", "process", "hosts", "checkpoint")

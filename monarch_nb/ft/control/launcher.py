@@ -18,9 +18,9 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from ...calls import MeshResult
 from ...telemetry.events import Acquired, Event, TornDown
-from ..spec.config import RunConfig
-from ..spec.faults import ENDS_PROCESS
-from ..spec.platform import DEVICE_SLOT_ENV
+from ..settings.config import RunConfig
+from ..settings.faults import ENDS_PROCESS
+from ..settings.platform import DEVICE_SLOT_ENV
 from .groups import GroupTable, ReplicaGroup
 from .placement import Placement
 from .spares import Spare, SparePool

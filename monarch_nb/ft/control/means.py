@@ -9,7 +9,7 @@ from typing import Any, Callable, Protocol
 
 from ...telemetry.events import Event
 from ..record.ingest import EventIngest
-from ..spec.config import RunConfig
+from ..settings.config import RunConfig
 from .groups import Failure, GroupTable, ReplicaGroup
 from .identity import IdentityChecks
 from .spares import SparePool

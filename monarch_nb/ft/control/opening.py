@@ -19,8 +19,8 @@ from typing import Any
 from ...session import runs_root
 from ...telemetry import EventStore
 from ...telemetry.events import Resumed, RunStarted
-from ..spec.checkpoint_format import CheckpointInfo, latest_complete, list_checkpoints
-from ..spec.config import RESTARTS, RunConfig, current_names
+from ..settings.checkpoint_format import CheckpointInfo, latest_complete, list_checkpoints
+from ..settings.config import RESTARTS, RunConfig, current_names
 from .checkpoint_folder import checkpoint_root, claim, own_checkpoint, read_fingerprint, source_checkpoint
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ... import seam
-from ..spec.config import kubernetes_spec, slurm_spec
+from ..settings.config import kubernetes_spec, slurm_spec
 
 
 class Placement:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from ..spec.plain_address import PlainAddress
+from ..settings.plain_address import PlainAddress
 
 
 class PlainRendezvous:

@@ -21,7 +21,7 @@ import time
 from typing import ClassVar
 
 from ...telemetry.events import Acquired, Respawned, RestartedFromCheckpoint, RungStarted
-from ..spec.checkpoint_format import latest_complete
+from ..settings.checkpoint_format import latest_complete
 from .groups import FAILED, HEALING, RESPAWNING, Failure, ReplicaGroup
 from .ladder import Ladder, communicator_at_once
 from .means import ResponseMeans

@@ -28,10 +28,11 @@ from ...telemetry import EventStore
 from ...telemetry.events import Event, ReplicasIdentical, RestartedFromScratch, RunStarted, Scaled, Step
 from ..record.history import RunHistory
 from ..record.ingest import EventIngest
-from ..spec.checkpoint_format import CheckpointInfo
-from ..spec.config import RESTARTS, RunConfig, meets_every
-from ..spec.faults import Fault, FaultKind, FaultSchedule, refuse_corrupt_unless_striped
-from ..spec.platform import check_gpu_sharing, select_platform
+from ..settings.checkpoint_format import CheckpointInfo
+from ..settings.config import RESTARTS, RunConfig, meets_every
+from ..settings.faults import Fault, FaultKind, FaultSchedule, refuse_corrupt_unless_striped
+from ..settings import titan_job
+from ..settings.platform import check_gpu_sharing, select_platform
 from .coordinator import Coordinator
 from .fault_delivery import FaultDelivery
 from .finish import FinishWatch
@@ -70,7 +71,9 @@ class FTRun:
         open_run(run.run_dir)                          # later, from events.jsonl alone
 
     Args:
-        config: what to run (:class:`RunConfig`); keyword ``overrides`` replace its fields.
+        config: what to run: a :class:`RunConfig`, or torchtitan 0.3's ``Trainer.Config`` (as a config
+            registry function returns it; every field honoured or refused by name, see
+            ``monarch_nb.ft.settings.titan_job``); keyword ``overrides`` replace its fields.
         session: the controller session to run on; by default the run makes its own and
             shuts it down on ``stop()``.
         host_mesh_for: ``lambda r: HostMesh`` placing group ``r`` on a cluster job's hosts
@@ -78,9 +81,11 @@ class FTRun:
             ``advertise_host`` to an address the other hosts can reach.
     """
 
-    def __init__(self, config: RunConfig | None = None, *, session: Session | None = None,
+    def __init__(self, config: RunConfig | Any | None = None, *, session: Session | None = None,
                  host_mesh_for: Callable[[int], Any] | None = None,
                  _resume: tuple[Path, CheckpointInfo] | None = None, **overrides: Any) -> None:
+        if titan_job.is_titan_config(config):  # torchtitan 0.3's Trainer.Config, built in Python
+            config, overrides = titan_job.run_config_of(config, **overrides), {}
         cfg = config or RunConfig()
         if overrides:
             cfg = cfg.replace(**overrides)
@@ -231,7 +236,7 @@ class FTRun:
                 check_gpu_sharing(platform, cfg.replicas + cfg.spares, cfg.group_size, torch.cuda.device_count())
         self.started = True
         self.started_t = time.time()  # waits default to events from here on (wait_for)
-        from ..spec.tinydata import ensure_tinydata
+        from ..settings.tinydata import ensure_tinydata
 
         self.data_dir = str(Path(cfg.data_dir) if cfg.data_dir else ensure_tinydata())
         self.placement.share(str(self.run_dir), self.data_dir)

@@ -14,7 +14,7 @@ from typing import Callable
 
 from ...telemetry import EventStore
 from ...telemetry.events import Scaled
-from ..spec.config import MAX_GROUPS, RunConfig
+from ..settings.config import MAX_GROUPS, RunConfig
 from .groups import GroupTable
 from .supervisor import Supervisor
 

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Callable, Protocol
 
 from ...telemetry import EventStore
 from ...telemetry.events import CheckpointAbandoned, CheckpointSaved, RunStopped
-from ..spec.checkpoint_format import latest_complete
+from ..settings.checkpoint_format import latest_complete
 from .checkpoint_folder import remove_torn
 from .coordinator import Coordinator
 from .groups import FINISHED, GAVE_UP, RETIRED, STOPPED, GroupTable

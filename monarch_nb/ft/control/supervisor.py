@@ -27,7 +27,7 @@ from ...stacks import innermost_functions
 from ...telemetry.events import Event, FailureDetected, ReplicaState, WorkerExitReported
 from ...telemetry.store import EventStore
 from ..record.ingest import EventIngest, HashReport, HashSkipped, unseen
-from ..spec.config import RunConfig
+from ..settings.config import RunConfig
 from .detector import Detector
 from .groups import (
     FAILED,

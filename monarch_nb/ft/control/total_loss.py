@@ -15,7 +15,7 @@ import time
 from typing import Any, Callable
 
 from ...telemetry.events import AllGroupsLost, CheckpointLoadFailed, Event, Resumed, RungEscalated, RungStarted
-from ..spec.checkpoint_format import latest_complete
+from ..settings.checkpoint_format import latest_complete
 from .groups import HEALING, TRAINING, WAITING, GroupTable
 
 RESUME_RETRY_S = 5.0  # after a failed checkpoint load, the next try (at a poll that finds a group waiting)

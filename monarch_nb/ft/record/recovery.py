@@ -47,7 +47,7 @@ from ...telemetry.events import (
     WorkerExitReported,
     WorkerFailed,
 )
-from ..spec.faults import FAILS_NOTHING
+from ..settings.faults import FAILS_NOTHING
 
 # The phases of a recovery in order; each ends with the event named in the docstring of Phase.
 PHASES = ("detect", "repair", "teardown", "acquire", "build", "heal", "rejoin")

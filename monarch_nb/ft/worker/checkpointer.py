@@ -30,7 +30,7 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, Callable
 
-from ..spec.checkpoint_format import COMPLETE, ABANDONED, META, list_checkpoints, step_dir
+from ..settings.checkpoint_format import COMPLETE, ABANDONED, META, list_checkpoints, step_dir
 
 # Test hook: seconds each DCP write sleeps before writing (a slow disk, made on purpose).
 SLOW_SAVE_ENV = "MONARCH_NB_TEST_SLOW_SAVE_S"

@@ -1,7 +1,7 @@
 """Worker side of fault injection: how a training thread makes each fault kind happen.
 
 The fault itself (kind, target, trigger) and the fault log's format are plain data
-(:mod:`monarch_nb.ft.spec.faults`); the trainer actor arms a fault and calls :func:`fire` at its
+(:mod:`monarch_nb.ft.settings.faults`); the trainer actor arms a fault and calls :func:`fire` at its
 point in the step, after writing the firing to the fault log (the process may be gone a moment
 later).
 """
@@ -12,7 +12,7 @@ import os
 import signal
 from typing import Callable
 
-from ..spec.faults import EXIT_CODE, FaultKind
+from ..settings.faults import EXIT_CODE, FaultKind
 
 
 class InjectedException(RuntimeError):

@@ -16,7 +16,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Callable
 
 from ... import seam
-from ..spec.config import is_loopback
+from ..settings.config import is_loopback
 from .checkpointer import tensor_bytes
 
 if TYPE_CHECKING:

@@ -18,7 +18,7 @@ import time
 from datetime import timedelta
 from typing import TYPE_CHECKING, Callable
 
-from ..spec.plain_address import PlainAddress
+from ..settings.plain_address import PlainAddress
 from .replication import MustWait, Replication, StepQuorum
 
 if TYPE_CHECKING:

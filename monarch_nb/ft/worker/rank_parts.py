@@ -3,7 +3,8 @@
 Built once per worker process, before the rank knows whether it is a replica or a warm spare:
 this is the expensive part (imports, model construction), and nothing in it depends on torchft.
 It assembles torchtitan components rather than driving torchtitan's ``Trainer``: the Llama 3
-model and its FSDP ``parallelize_llama`` (when the group has more than one process),
+model (or a registry model's, through its model spec) and its FSDP parallelize function (when
+the group has more than one process),
 ``OptimizersContainer``, ``LRSchedulersContainer``, ``CrossEntropyLoss`` and
 ``HuggingFaceTokenizer``. Every replica seeds its initial weights alike, and data is a pure
 function of (step, replica, rank), so a healed group needs no data-loader state to read exactly
@@ -20,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ... import seam
-from ..spec.platform import DEVICE_SLOT_ENV, Platform, select_platform
+from ..settings.platform import DEVICE_SLOT_ENV, Platform, select_platform
 
 if TYPE_CHECKING:
     import torch
@@ -91,9 +92,9 @@ class RankParts:
         import torch
         from torchtitan.models.common import ScaledDotProductAttention
 
-        from ..spec.flavors import model_config
+        from ..settings.flavors import model_config
 
-        # torchtitan's flavours, or monarch_nb's "small"/"medium" (monarch_nb/ft/spec/flavors.py).
+        # torchtitan's flavours, or monarch_nb's "small"/"medium" (monarch_nb/ft/settings/flavors.py).
         model_cfg = model_config(self.cfg.get("model", "debugmodel"), attn_backend="flex")
         # FlexAttention has no CPU backward and varlen no CPU kernel: the SDPA inner attention
         # (causal, no document masks) works everywhere. Our sequences are packed windows.
@@ -103,28 +104,46 @@ class RankParts:
         torch.manual_seed(int(self.cfg.get("seed", 0)))  # identical init on every replica
         with torch.device("meta"):
             model = model_cfg.build()
+        ac = self._ac_config()
         dims = None
         if self.group_size > 1:
-            dims = self._shard(model)
+            dims = self._shard(model, ac)
+        elif ac is not None:
+            ac.build(dump_folder="").apply(model)
         model.to_empty(device=self.device)
         with torch.no_grad():
             model.init_states(buffer_device=None)
         model.train()
         return model, dims
 
-    def _shard(self, model: torch.nn.Module) -> ParallelDims:
-        """FSDP inside the group, through torchtitan's own parallelize_llama."""
+    def _collective_timeout_s(self) -> float:
+        """The group's own process group: a torchtitan job's comm.train_timeout_seconds, else 6x pg_timeout_s."""
+        titan = self.cfg.get("titan") or {}
+        return float(titan.get("collective_timeout_s") or float(self.cfg.get("pg_timeout_s", 10)) * 6)
+
+    def _ac_config(self) -> Any:
+        """torchtitan's activation checkpointing policy a torchtitan 0.3 job asked for (None: none)."""
+        mode = (self.cfg.get("titan") or {}).get("activation_checkpoint", "none")
+        if mode == "none":
+            return None
+        from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC
+
+        return (SelectiveAC if mode == "selective" else FullAC).Config()
+
+    def _shard(self, model: torch.nn.Module, ac: Any = None) -> ParallelDims:
+        """FSDP inside the group, through the model's own torchtitan parallelize function."""
         import torch.distributed as dist
         from torch.distributed import PrefixStore
 
         from torchtitan.config import CompileConfig, ParallelismConfig, TrainingConfig
         from torchtitan.distributed import ParallelDims
-        from torchtitan.models.llama3 import parallelize_llama
+
+        from ..settings.flavors import parallelize_fn
 
         if not dist.is_initialized():
             dist.init_process_group(backend=self.platform.backend, store=PrefixStore("monarch_nb/group", self.store),
                                     rank=self.rank, world_size=self.group_size,
-                                    timeout=timedelta(seconds=float(self.cfg.get("pg_timeout_s", 10)) * 6))
+                                    timeout=timedelta(seconds=self._collective_timeout_s()))
         os.environ.setdefault("WORLD_SIZE", str(self.group_size))
         # Durable checkpoints write from a background thread: their collectives get their own
         # gloo group, never the one training is using at the same time.
@@ -134,8 +153,9 @@ class RankParts:
         dims.build_mesh()
         training = TrainingConfig(local_batch_size=int(self.cfg.get("batch_size", 2)),
                                   seq_len=int(self.cfg.get("seq_len", 64)), mixed_precision_param="float32")
-        parallelize_llama(model, parallel_dims=dims, training=training, parallelism=parallelism,
-                          compile_config=CompileConfig(), ac_config=None, dump_folder="")
+        shard = parallelize_fn(self.cfg.get("model", "debugmodel"))
+        shard(model, parallel_dims=dims, training=training, parallelism=parallelism,
+              compile_config=CompileConfig(), ac_config=ac, dump_folder="")
         if self.platform.backend == "gloo":
             # gloo rejects ReduceOp.PREMUL_SUM, FSDP's default gradient reduce-scatter op.
             from torch.distributed.fsdp import FSDPModule
@@ -167,16 +187,46 @@ class RankParts:
         import torch
         from torchtitan.components.tokenizer import HuggingFaceTokenizer
 
-        self.tokenizer: HuggingFaceTokenizer = HuggingFaceTokenizer(tokenizer_path=data_dir)
-        ids: list[int] = []
-        with open(Path(data_dir) / "corpus.jsonl", encoding="utf-8") as f:
-            for line in f:
-                ids.extend(self.tokenizer.encode(json.loads(line)["text"], add_bos=True, add_eos=True))
-        self.tokens: torch.Tensor = torch.tensor(ids, dtype=torch.long)
-        if int(self.tokens.max()) >= self.vocab_size:
-            raise ValueError(f"tokenizer produced id {int(self.tokens.max())} >= model vocab {self.vocab_size}")
+        titan = self.cfg.get("titan") or {}
+        self.tokenizer: HuggingFaceTokenizer = HuggingFaceTokenizer(tokenizer_path=titan.get("tokenizer_path")
+                                                                    or data_dir)
+        if titan.get("dataset"):
+            inputs, labels = self._titan_tokens(titan["dataset"], titan.get("dataset_path")
+                                                or str(Path(data_dir) / "c4_test"))
+        else:
+            ids = []
+            with open(Path(data_dir) / "corpus.jsonl", encoding="utf-8") as f:
+                for line in f:
+                    ids.extend(self.tokenizer.encode(json.loads(line)["text"], add_bos=True, add_eos=True))
+            inputs, labels = ids[:-1], ids[1:]
+        # the token stream and its next-token targets, aligned (labels[i] follows inputs[i])
+        self.inputs: torch.Tensor = torch.tensor(inputs, dtype=torch.long)
+        self.labels: torch.Tensor = torch.tensor(labels, dtype=torch.long)
+        if int(self.inputs.max()) >= self.vocab_size:
+            raise ValueError(f"tokenizer produced id {int(self.inputs.max())} >= model vocab {self.vocab_size}")
         self.batch_size = int(self.cfg.get("batch_size", 2))
         self.seq_len = int(self.cfg.get("seq_len", 64))
+        if self.inputs.numel() <= self.seq_len:
+            raise ValueError(f"the corpus has {self.inputs.numel()} tokens, fewer than one sequence of seq_len "
+                             f"{self.seq_len}")
+
+    def _titan_tokens(self, dataset: str, path: str) -> tuple[list[int], list[int]]:
+        """One pass over a torchtitan text dataset, read and tokenized by torchtitan's own
+        HuggingFaceTextDataset (local files only): its inputs and labels (shifted within each
+        document, as torchtitan trains). Batches stay a pure function of (step, replica, rank)
+        over them, so a healed group needs no data-loader state."""
+        import tempfile
+
+        os.environ.setdefault("HF_DATASETS_OFFLINE", "1")  # never the hub
+        os.environ.setdefault("HF_DATASETS_CACHE", tempfile.mkdtemp(prefix="monarch_nb-hf-"))
+        from torchtitan.hf_datasets.text_datasets import HuggingFaceTextDataset
+
+        inputs: list[int] = []
+        labels: list[int] = []
+        for sample, target in HuggingFaceTextDataset(dataset, path, self.tokenizer, seq_len=256, infinite=False):
+            inputs.extend(sample["input"].tolist())
+            labels.extend(target.tolist())
+        return inputs, labels
 
     def batch(self, step: int, replica: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The (inputs, labels) of ``step`` for ``replica`` and this rank: a pure function."""
@@ -185,19 +235,22 @@ class RankParts:
         replicas = int(self.cfg.get("replicas", 1))
         lanes = replicas * self.group_size
         lane = replica * self.group_size + self.rank
-        span = self.seq_len + 1
-        usable = self.tokens.numel() - span
-        rows = []
-        for b in range(self.batch_size):
-            start = (((step * lanes + lane) * self.batch_size + b) * span * 7919) % usable
-            rows.append(self.tokens[start:start + span])
-        window = torch.stack(rows).to(self.device)
-        return window[:, :-1], window[:, 1:]
+        usable = self.inputs.numel() - self.seq_len
+        starts = [(((step * lanes + lane) * self.batch_size + b) * (self.seq_len + 1) * 7919) % usable
+                  for b in range(self.batch_size)]
+        x = torch.stack([self.inputs[s:s + self.seq_len] for s in starts]).to(self.device)
+        y = torch.stack([self.labels[s:s + self.seq_len] for s in starts]).to(self.device)
+        return x, y
+
+    def named_parameters(self) -> list[tuple[str, torch.nn.Parameter]]:
+        """The model's parameters by name; activation checkpointing wraps each block, and the
+        names drop the wrapper (as its state_dict does), so checkpoints and heals agree across modes."""
+        return [(n.replace("._checkpoint_wrapped_module", ""), p) for n, p in self.model.named_parameters()]
 
     def named_optim_state(self) -> list[tuple[str, torch.nn.Parameter, torch.optim.Optimizer]]:
         """(a stable name, parameter, its optimizer) for every parameter each optimizer steps:
         the keys heals, durable checkpoints and digests agree on."""
-        names = {id(p): n for n, p in self.model.named_parameters()}
+        names = {id(p): n for n, p in self.named_parameters()}
         out = []
         for oi, opt in enumerate(self.optimizers.optimizers):
             for group in opt.param_groups:

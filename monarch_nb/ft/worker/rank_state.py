@@ -60,7 +60,7 @@ class RankState:
     def state_dict(self) -> dict[str, Any]:
         """The state a donor serves (torchft's ``state_dict`` callback)."""
         p = self.parts
-        model = {n: local_shard(t).detach() for n, t in p.model.named_parameters()}
+        model = {n: local_shard(t).detach() for n, t in p.named_parameters()}
         optim_state: dict[str, dict[str, Any]] = {}
         for key, param, opt in p.named_optim_state():
             optim_state[key] = {k: (local_shard(v).detach() if hasattr(v, "detach") else v)
@@ -75,7 +75,7 @@ class RankState:
         p = self.parts
         t = time.time()
         with torch.no_grad():
-            for n, param in p.model.named_parameters():
+            for n, param in p.named_parameters():
                 _copy_in(local_shard(param), state["model"][n])
             for key, param, opt in p.named_optim_state():
                 mine = opt.state.setdefault(param, {})
@@ -108,15 +108,15 @@ class RankState:
         """Tensors DCP saves and loads in place: parameters and optimizer state (DTensors stay
         DTensors, so DCP writes each FSDP shard once)."""
         p = self.parts
-        model = {n: t.detach() for n, t in p.model.named_parameters()}
+        model = {n: t.detach() for n, t in p.named_parameters()}
         optim = {key: {k: v.detach() for k, v in opt.state.get(param, {}).items() if hasattr(v, "detach")}
                  for key, param, opt in p.named_optim_state()}
         return {"model": model, "optim": optim}
 
     def fingerprint(self) -> dict[str, Any]:
-        from ..spec.checkpoint_format import fingerprint
+        from ..settings.checkpoint_format import fingerprint
 
-        return fingerprint(self.parts.cfg, {n: tuple(t.shape) for n, t in self.parts.model.named_parameters()})
+        return fingerprint(self.parts.cfg, {n: tuple(t.shape) for n, t in self.parts.named_parameters()})
 
     def durable_meta(self, step: int) -> dict[str, Any]:
         return {"step": step, "param_groups": self._param_groups(),
@@ -134,7 +134,7 @@ class RankState:
         """Checkpoint ``path``'s meta; ``ValueError`` if another model or config wrote it."""
         import torch
 
-        from ..spec.checkpoint_format import META, mismatch
+        from ..settings.checkpoint_format import META, mismatch
 
         meta = torch.load(Path(path) / META, weights_only=False)
         why = mismatch(meta.get("fingerprint", {}), self.fingerprint())
@@ -156,7 +156,7 @@ class RankState:
         """Digests of this rank's parameters and optimizer state (incl. hyper-parameters)."""
         p = self.parts
         hp = hashlib.blake2b(digest_size=12)
-        for n, param in p.model.named_parameters():
+        for n, param in p.named_parameters():
             hp.update(n.encode())
             _hash_tensor(hp, param)
         ho = hashlib.blake2b(digest_size=12)

@@ -16,8 +16,8 @@ import time
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Callable
 
-from ..spec.plain_address import is_plain
-from ..spec.platform import Platform
+from ..settings.plain_address import is_plain
+from ..settings.platform import Platform
 from .checkpointer import DurableCheckpointer
 from .plain_replication import PlainReplication
 from .rank_parts import RankParts

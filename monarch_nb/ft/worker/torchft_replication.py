@@ -21,7 +21,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Callable
 
 from ... import seam
-from ..spec.config import refuse_exposure
+from ..settings.config import refuse_exposure
 from .heal_choice import HealLog, choose_transport
 from .rank_parts import RankParts
 from .rank_state import RankState

@@ -25,7 +25,7 @@ from typing import Any
 
 from monarch.actor import Actor, current_rank, endpoint
 
-from ..spec.faults import FaultKind, record_firing, refuse_corrupt_unless_striped
+from ..settings.faults import FaultKind, record_firing, refuse_corrupt_unless_striped
 from .fault_firing import fire
 from .own_repair import OwnRepair
 

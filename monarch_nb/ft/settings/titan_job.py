@@ -134,8 +134,7 @@ RULES: dict[str, Rule] = {
     "lr_scheduler.decay_type": field("lr_decay_type"),
     "lr_scheduler.min_lr_factor": field("lr_min_factor"),
     "dump_folder": field("runs_root", doc="where run directories go"),
-    "hf_assets_path": fixed(None, "trains on its own tiny tokenizer and corpus (RunConfig.data_dir); "
-                            "torchtitan's HF tokenizer and dataloader " + _NOT_YET),
+    "hf_assets_path": lambda v, c: _tokenizer(v),
     "parallelism.data_parallel_shard_degree": lambda v, c: ({}, "group_size's default") if v == -1
     else field("group_size")(v, c),
     "parallelism.data_parallel_replicate_degree": fixed(1, "replicates across groups with torchft"),
@@ -177,9 +176,9 @@ RULES: dict[str, Rule] = {
     "debug.seed": lambda v, c: field("seed")(v, c) if v is not None else ({}, "seed's default (0)"),
     "debug.deterministic": fixed(False, "keeps torch's default"),
     "debug.print_config": fixed(False, "prints the job with `monarch-nb check-job`"),
-    "dataloader.dataset": lambda v, c: _refuse(f"trains on its own tiny corpus (RunConfig.data_dir); torchtitan's "
-                                              f"HF datasets {_NOT_YET}"),
-    "dataloader.dataset_path": fixed(None, "reads no HF dataset"),
+    "dataloader.dataset": lambda v, c: _dataset(v, _get(c, "dataloader.dataset_path")),
+    "dataloader.dataset_path": lambda v, c: ({}, "unused: torchtitan's own path for the dataset") if v is None
+    else _local_dir(v, "titan.dataset_path", "--dataloader.dataset_path"),
     "dataloader.num_workers": fixed(0, "loads batches in the training thread"),
     "dataloader.persistent_workers": fixed(False, "loads batches in the training thread"),
     "dataloader.pin_memory": fixed(False, "loads batches in the training thread"),
@@ -189,21 +188,25 @@ RULES: dict[str, Rule] = {
     "parallelism.enable_fsdp_symm_mem": fixed(False, "keeps torchtitan's FSDP default"),
     "parallelism.spmd_backend": lambda v, c: ({}, "unused: one process per group, no FSDP")
     if _get(c, "parallelism.data_parallel_shard_degree") in (-1, 1)
-    else fixed("partial_dtensor", "shards groups with FSDP on partial_dtensor (gloo needs it)")(v, c),
+    else fixed("partial_dtensor", "shards groups with FSDP on partial_dtensor (pass --parallelism.spmd_backend "
+               "partial_dtensor)")(v, c),
     "comm.init_timeout_seconds": fixed(300, "keeps torch's process-group init timeout"),
     "comm.train_timeout_seconds": lambda v, c: ({}, "unused: one process per group, no in-group collectives")
     if _get(c, "parallelism.data_parallel_shard_degree") in (-1, 1)
-    else _refuse(f"sets no in-group collective timeout ({_NOT_YET})"),
+    else ({"titan.collective_timeout_s": float(v)}, f"titan.collective_timeout_s = {float(v)!r} (the group's FSDP "
+                                                      "process group)"),
     "comm.mode": fixed("default", "runs real collectives"),
     "debug.spmd_typechecking": fixed(False, "keeps torchtitan's default"),
     "debug.deterministic_warn_only": fixed(False, "keeps torch's default"),
     "debug.detect_anomaly": fixed(False, "keeps torch's default"),
     "debug.batch_invariant": fixed(False, "keeps torch's default"),
     "debug.save_config_file": fixed(None, "records the run's config in its events.jsonl"),
-    "debug.moe_force_load_balance": lambda v, c: ({}, "unused: Llama 3 has no experts"),
+    "debug.moe_force_load_balance": lambda v, c: ({}, "unused: the models trained here have no experts"),
     "debug.enable_structured_logging": lambda v, c: ({}, "unused: monarch_nb records events.jsonl, not "
                                                      "torchtitan's log"),
     "override.imports": fixed([], "imports nothing more into the workers"),
+    "activation_checkpoint": lambda v, c: ({}, "no activation checkpointing") if v is None
+    else _refuse("applies activation checkpointing it can read: selective or full"),
     "loss.num_chunks": lambda v, c: ({}, "as monarch_nb does it (the same loss, computed in one piece)"),
     "loss.loss_fn.global_vocab_size": lambda v, c: _vocab(v, c),
     "loss.global_vocab_size": lambda v, c: _vocab(v, c),
@@ -238,16 +241,77 @@ def _vocab(value: Any, config: Any) -> tuple[dict[str, Any], str]:
     raise _Refuse("computes the loss over the model's vocabulary: global_vocab_size must be its size")
 
 
-def _activation_checkpoint(value: Any, config: Any) -> tuple[dict[str, Any], str]:
-    kind = type(config.activation_checkpoint).__qualname__.split(".")[0]
-    if kind in ("NoAC", "NoActivationCheckpoint"):
-        return {}, "unused: no activation checkpointing"
-    raise _Refuse(f"the job checkpoints activations ({kind}); monarch_nb {_NOT_YET}")
+def _tokenizer(value: Any) -> tuple[dict[str, Any], str]:
+    from pathlib import Path
+
+    from .titan_parts import TITAN_TEST_TOKENIZER
+
+    if value is None:
+        return {}, "the tiny tokenizer (data_dir)"
+    if value == TITAN_TEST_TOKENIZER and not Path(value).is_dir():
+        return {}, ("torchtitan's test tokenizer (in its source tree, not its wheel; no folder here) -> the tiny "
+                    "tokenizer written for the same role (data_dir)")
+    sets, became = _local_dir(value, "titan.tokenizer_path", "--hf_assets_path")
+    if not (Path(sets["titan.tokenizer_path"]) / "tokenizer.json").is_file():
+        raise _Refuse(f"--hf_assets_path {value}: has no tokenizer.json (torchtitan's HuggingFaceTokenizer reads it)")
+    return sets, became
+
+
+def _local_dir(value: Any, name: str, flag: str) -> tuple[dict[str, Any], str]:
+    import os
+    from pathlib import Path
+
+    path = Path(os.path.expanduser(str(value)))
+    if not path.exists():
+        raise _Refuse(f"{flag} {value}: no such file or folder here (cwd {os.getcwd()}); monarch_nb reads local "
+                      "files only (no hub downloads): give a local path")
+    return {name: str(path.resolve())}, f"{name} = {str(path.resolve())!r}"
+
+
+def _dataset(value: Any, path: Any) -> tuple[dict[str, Any], str]:
+    from pathlib import Path
+
+    from torchtitan.hf_datasets.text_datasets import DATASETS
+
+    from .titan_parts import TITAN_TEST_DATASET
+
+    if value not in DATASETS:
+        raise _Refuse(f"monarch_nb reads torchtitan's text datasets; {value!r} is not one: {', '.join(DATASETS)}")
+    became = f"titan.dataset = {value!r} (torchtitan's HuggingFaceTextDataset)"
+    if path is not None:
+        return {"titan.dataset": value}, became
+    if value == TITAN_TEST_DATASET:
+        if Path(DATASETS[value].path).is_dir():
+            return {"titan.dataset": value, "titan.dataset_path": str(Path(DATASETS[value].path).resolve())}, became
+        return {"titan.dataset": value}, (became + f", from the tiny corpus written in its layout ({DATASETS[value].path} "
+                                          "is in torchtitan's source tree, not its wheel)")
+    raise _Refuse(f"dataset {value!r} loads {DATASETS[value].path!r} from the hub; monarch_nb reads local files only: "
+                  "give --dataloader.dataset_path with a local copy")
+
+
+# AC options at torchtitan's defaults (SelectiveAC.Config / FullAC.Config); another value is refused
+_AC_DEFAULTS = {"preserve_rng_state": True, "determinism_check": "default", "debug": False,
+                "force_recompute_mm_shapes_by_fqns": ["moe.router.gate"]}
+
+
+def _activation_checkpoint(option: str) -> Rule:
+    """A leaf of the job's AC policy: the policy is applied when each option is torchtitan's default."""
+    def rule(value: Any, config: Any) -> tuple[dict[str, Any], str]:
+        kind = type(config.activation_checkpoint).__qualname__.split(".")[0]
+        mode = {"SelectiveAC": "selective", "FullAC": "full"}.get(kind)
+        if mode is None:
+            raise _Refuse(f"the job checkpoints activations with {kind}; monarch_nb applies SelectiveAC and FullAC "
+                          "(MemoryBudgetAC needs torch.compile, which monarch_nb does not run)")
+        if option not in _AC_DEFAULTS or value != _AC_DEFAULTS[option]:
+            raise _Refuse(f"monarch_nb applies {mode} activation checkpointing with torchtitan's default options; "
+                          f"supported: {_AC_DEFAULTS.get(option)!r}")
+        return {"titan.activation_checkpoint": mode}, f"titan.activation_checkpoint = {mode!r} (torchtitan's {kind})"
+    return rule
 
 
 def _section_rule(path: str) -> Rule | None:
     if path.startswith("activation_checkpoint."):
-        return _activation_checkpoint
+        return _activation_checkpoint(path.split(".", 1)[1])
     for prefix, what in UNUSED_SECTIONS.items():
         if path.startswith(prefix):
             return lambda v, c, what=what: ({}, what)
@@ -348,30 +412,50 @@ def read(config: Any) -> tuple[dict[str, Any], list[Leaf]]:
             continue
         fields.update(sets)
         verdicts.append(Leaf(path, value, True, became))
+    titan = {k.split(".", 1)[1]: fields.pop(k) for k in list(fields) if k.startswith("titan.")}
+    if titan:
+        from .titan_parts import TitanParts
+
+        fields["titan"] = TitanParts(**titan)
     return fields, verdicts
 
 
 def _model_verdicts(config: Any, fields: dict[str, Any]) -> list[Leaf]:
-    from .flavors import FLAVOR_NAMES
+    """The model is honoured as a whole: torchtitan's registry flavour of its name, unchanged. Llama 3
+    trains as monarch_nb's flavour of that name (the same build); another registry model (qwen3)
+    through its model spec, ``model = "MODULE/FLAVOR"``."""
+    from .flavors import FLAVOR_NAMES, SPEC_MODULES, model_spec
 
     spec = getattr(config, "model_spec", None)
     name, flavor = getattr(spec, "name", None), getattr(spec, "flavor", None)
-    if name not in ("llama3", "torchft/llama3"):  # torchft's registry serves torchtitan's llama3
+    module = "llama3" if name in ("llama3", "torchft/llama3") else name  # torchft's registry serves llama3
+    if module != "llama3" and module not in SPEC_MODULES:
         return [Leaf("model_spec", f"{name}/{flavor}", False,
-                     f"monarch_nb trains torchtitan's llama3 ({', '.join(FLAVOR_NAMES)}); {name!r} {_NOT_YET}")]
-    if flavor not in FLAVOR_NAMES:
+                     f"monarch_nb trains torchtitan's llama3 ({', '.join(FLAVOR_NAMES)}) and, through their model "
+                     f"spec, {', '.join(SPEC_MODULES)}; {name!r} does not run here (docs/torchtitan_jobs.md says why)")]
+    if module == "llama3" and flavor not in FLAVOR_NAMES:
         return [Leaf("model_spec.flavor", flavor, False, f"not a llama3 flavour; supported: {', '.join(FLAVOR_NAMES)}")]
-    from torchtitan.models.llama3 import model_registry
-
-    want = dict(leaves_of(model_registry(flavor).model, "model_spec.model."))
+    model = flavor if module == "llama3" else f"{module}/{flavor}"
+    try:
+        registry = model_spec(f"{module}/{flavor}") if module != "llama3" else _llama3_spec(flavor)
+    except ValueError as exc:
+        return [Leaf("model_spec.flavor", flavor, False, str(exc))]
+    want = dict(leaves_of(registry.model, "model_spec.model."))
     have = dict(leaves_of(spec.model, "model_spec.model."))
-    changed = [Leaf(path, value, False, f"differs from torchtitan's llama3 {flavor!r} ({_short(want.get(path))}); "
+    changed = [Leaf(path, value, False, f"differs from torchtitan's {module} {flavor!r} ({_short(want.get(path))}); "
                     "monarch_nb builds a flavour by its name: pick another flavour instead")
                for path, value in have.items() if _same_text(value) != _same_text(want.get(path))]
     if changed:
         return changed
-    fields["model"] = flavor
-    return [Leaf("model_spec", f"llama3/{flavor}", True, f"model = {flavor!r} (torchtitan's flavour, unchanged)")]
+    fields["model"] = model
+    how = "torchtitan's flavour, unchanged" + ("" if module == "llama3" else ", built through its model spec")
+    return [Leaf("model_spec", f"{module}/{flavor}", True, f"model = {model!r} ({how})")]
+
+
+def _llama3_spec(flavor: str) -> Any:
+    from torchtitan.models.llama3 import model_registry
+
+    return model_registry(flavor)
 
 
 def leaves_of(obj: Any, prefix: str) -> list[tuple[str, Any]]:
@@ -386,9 +470,20 @@ def leaves_of(obj: Any, prefix: str) -> list[tuple[str, Any]]:
 def run_config(argv: Sequence[str], **overrides: Any) -> Any:
     """A validated RunConfig for a torchtitan 0.3 job; ``overrides`` are monarch_nb's own fields
     (``replicas``, ``spares``, ``job``, ...). ``JobRefused`` lists every leaf it cannot apply."""
+    return run_config_of(load(argv), **overrides)
+
+
+def is_titan_config(obj: Any) -> bool:
+    """A torchtitan 0.3 ``Trainer.Config`` (or torchft's), as a registry function returns it."""
+    return dataclasses.is_dataclass(obj) and not isinstance(obj, type) and hasattr(obj, "model_spec") \
+        and hasattr(obj, "training")
+
+
+def run_config_of(config: Any, **overrides: Any) -> Any:
+    """:func:`run_config` for a ``Trainer.Config`` already built (in Python, or by :func:`load`)."""
     from .config import RunConfig
 
-    fields, verdicts = read(load(argv))
+    fields, verdicts = read(config)
     if "replicas" in overrides and "replicas" in fields and overrides["replicas"] != fields["replicas"]:
         raise JobRefused(f"replicas: --replicas {overrides['replicas']} and --fault_tolerance.group_size "
                          f"{fields['replicas']} disagree (torchft's group_size is the number of replica groups)")

@@ -7,7 +7,7 @@ for runs of 16-32 groups on one machine), ``small``
 here from torchtitan's public model pieces exactly as torchtitan assembles its own flavours
 (same blocks, same initialisation; the test suite checks that our assembly of the
 debugmodel numbers is bit-identical to torchtitan's). Their vocabulary is 2048, the size of
-the tokenizer :mod:`~monarch_nb.ft.spec.tinydata` builds, so every parameter is trained and a
+the tokenizer :mod:`~monarch_nb.ft.settings.tinydata` builds, so every parameter is trained and a
 heal moves only useful bytes.
 
 Nothing here imports torch or torchtitan at import time: the controller reads
@@ -72,10 +72,55 @@ FLAVOR_NAMES = ("tiny", "debugmodel", *(n for n in FLAVORS if n != "tiny"), *TOR
 DEBUGMODEL = Flavor(dim=256, n_layers=6, n_heads=16, vocab_size=2048, multiple_of=256)
 
 
-def model_config(name: str, attn_backend: str = "flex") -> Any:
-    """torchtitan's ``Llama3Model.Config`` for flavour ``name`` (ours or torchtitan's)."""
+# Models of torchtitan's registry trained through their model spec ("MODULE/FLAVOR", e.g.
+# "qwen3/debugmodel"): the spec's model config and its parallelize function. The others, and why
+# not here, are in docs/torchtitan_jobs.md.
+SPEC_MODULES = ("qwen3",)
+
+
+def is_spec_name(name: str) -> bool:
+    return isinstance(name, str) and name.count("/") == 1
+
+
+def model_spec(name: str) -> Any:
+    """torchtitan's ModelSpec for ``MODULE/FLAVOR`` (its ``model_registry(flavor)``); a ``ValueError``
+    names the modules and flavours there are."""
+    import importlib
+
     from ... import seam
 
+    module, flavor = name.split("/")
+    if module not in SPEC_MODULES:
+        raise ValueError(f"model: {module!r} is not a torchtitan model monarch_nb trains through its spec; "
+                         f"allowed: {', '.join(SPEC_MODULES)} (MODULE/FLAVOR), or a Llama 3 flavour: "
+                         f"{', '.join(FLAVOR_NAMES)}")
+    seam.stub_triton_kernels()
+    registry = importlib.import_module(f"torchtitan.models.{module}").model_registry
+    try:
+        return registry(flavor)
+    except (KeyError, ValueError) as exc:
+        configs = importlib.import_module(f"torchtitan.models.{module}")
+        known = sorted(getattr(configs, f"{module}_configs", {}) or [])
+        raise ValueError(f"model: {flavor!r} is not a {module} flavour ({exc}); "
+                         f"allowed: {', '.join(f'{module}/{k}' for k in known) or 'see torchtitan'}") from None
+
+
+def parallelize_fn(name: str) -> Any:
+    """The function that shards flavour ``name`` with FSDP: its spec's, or torchtitan's parallelize_llama."""
+    if is_spec_name(name):
+        return model_spec(name).parallelize_fn
+    from torchtitan.models.llama3 import parallelize_llama
+
+    return parallelize_llama
+
+
+def model_config(name: str, attn_backend: str = "flex") -> Any:
+    """torchtitan's model config for ``name``: a Llama 3 flavour (ours or torchtitan's), or a
+    registry model's ``MODULE/FLAVOR`` built from its model spec."""
+    from ... import seam
+
+    if is_spec_name(name):
+        return model_spec(name).model
     seam.stub_triton_kernels()
     from torchtitan.models.llama3 import llama3_configs
 

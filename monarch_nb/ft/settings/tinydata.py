@@ -5,7 +5,8 @@
 ``tokenizers``, saved as ``tokenizer.json`` + ``tokenizer_config.json`` - the layout that
 torchtitan's ``HuggingFaceTokenizer`` loads from a local path. The vocabulary fits the
 Llama 3 debug model (2048 entries). Building takes about a second; later calls only check
-the manifest. The cache lives under ``$MONARCH_NB_CACHE`` or ``~/.cache/monarch_nb``.
+the manifest. The corpus is also written where torchtitan's ``c4_test`` dataset expects its files
+(:data:`TITAN_LAYOUT`), for torchtitan 0.3 jobs that name it. The cache lives under ``$MONARCH_NB_CACHE`` or ``~/.cache/monarch_nb``.
 """
 
 from __future__ import annotations
@@ -16,9 +17,10 @@ import random
 import tempfile
 from pathlib import Path
 
-VERSION = 1
+VERSION = 2  # 2: the corpus also in the layout of torchtitan's c4_test (TITAN_LAYOUT)
 VOCAB_SIZE = 2048
 BOS, EOS = "<|begin_of_text|>", "<|end_of_text|>"
+TITAN_LAYOUT = "c4_test/c4_sample.json"  # what torchtitan's c4_test loader reads: json lines with "text"
 
 _SUBJECTS = ["the cat", "a dog", "the old fox", "my neighbour", "the small robot", "a farmer", "the teacher",
              "our captain", "the river", "a young bird", "the baker", "the quiet child", "every sailor"]
@@ -50,7 +52,8 @@ def make_corpus(n_docs: int = 400, seed: int = 0) -> list[str]:
 
 
 def ensure_tinydata(root: str | Path | None = None) -> Path:
-    """Build (once) and return the directory holding tokenizer.json, tokenizer_config.json, corpus.jsonl."""
+    """Build (once) and return the directory holding tokenizer.json, tokenizer_config.json, corpus.jsonl
+    and the corpus in c4_test's layout."""
     base = Path(root) if root is not None else cache_root()
     out = base / f"tinydata-v{VERSION}"
     if (out / "manifest.json").exists():
@@ -60,9 +63,11 @@ def ensure_tinydata(root: str | Path | None = None) -> Path:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     docs = make_corpus()
-    with open(tmp / "corpus.jsonl", "w", encoding="utf-8") as f:
-        for doc in docs:
-            f.write(json.dumps({"text": doc}) + "\n")
+    (tmp / TITAN_LAYOUT).parent.mkdir()
+    for name in ("corpus.jsonl", TITAN_LAYOUT):
+        with open(tmp / name, "w", encoding="utf-8") as f:
+            for doc in docs:
+                f.write(json.dumps({"text": doc}) + "\n")
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()

@@ -19,13 +19,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .flavors import FLAVOR_NAMES
+from .flavors import FLAVOR_NAMES, is_spec_name, model_spec
 from .jobfile import read_job_file
 from .platform import PLATFORMS
 from .respawn import RespawnBackoff
+from .titan_parts import TitanParts
 
 # Llama 3 flavours: torchtitan 0.3.0's (torchtitan.models.llama3.llama3_configs) and monarch_nb's
-# "small" and "medium" (monarch_nb/ft/spec/flavors.py), smallest first. Listed without importing
+# "small" and "medium" (monarch_nb/ft/settings/flavors.py), smallest first. Listed without importing
 # torchtitan (6 s) in the controller.
 MODELS = FLAVOR_NAMES
 JOBS = ("local", "process", "slurm", "kubernetes")
@@ -140,8 +141,8 @@ class RunConfig:
 
     Model and train step (torchtitan Llama 3):
         model: the flavour (default "debugmodel", 6.2M parameters): "tiny" (~0.4M), "debugmodel", "small"
-            (~104M), "medium" (~409M) or torchtitan's "1B", "3B", "8B", "70B", "405B"
-            (see ``monarch_nb.ft.spec.flavors``).
+            (~104M), "medium" (~409M) or torchtitan's "1B", "3B", "8B", "70B", "405B"; or a torchtitan
+            registry model through its model spec, "MODULE/FLAVOR" ("qwen3/debugmodel"; ``flavors``).
         steps: train steps each group commits, then stops (None, default: until ``stop()``);
             also the learning-rate schedule's length (10,000 when None).
         seq_len: tokens per sequence (default 64, at least 8).
@@ -243,10 +244,10 @@ class RunConfig:
         runs_root: where run directories go (None, default: $MONARCH_NB_RUNS, else ./runs).
         run_name: the run directory's name (None, default: a timestamp); must be new, and one
             directory name of letters, digits, '.', '_' and '-' (at most 100).
-        data_dir: a directory with ``tokenizer.json``, ``tokenizer_config.json`` and
-            ``corpus.jsonl`` (None, default: a tiny tokenizer and corpus built on this
-            machine; token ids must stay below the flavour's vocabulary, 2048 for
-            debugmodel/small/medium).
+        titan: :class:`TitanParts`: a torchtitan 0.3 job's dataset, tokenizer and activation
+            checkpointing, built by torchtitan's code (None: data_dir's, no checkpointing).
+        data_dir: a directory with ``tokenizer.json``, ``tokenizer_config.json`` and ``corpus.jsonl``
+            (None, default: a tiny tokenizer and corpus built here; token ids below the vocabulary).
         env: extra environment variables for every worker process (default none).
     """
 
@@ -260,7 +261,7 @@ class RunConfig:
     allocation_timeout_s: float = 120.0  # job="slurm": how long an allocation may stay pending
     kubernetes: dict[str, Any] | None = None  # job="kubernetes": KubernetesSpec fields (None: local_k8s.spec())
     # model and train step (torchtitan Llama 3)
-    model: str = "debugmodel"  # flavour: debugmodel, small, medium, 1B, ... (MODELS)
+    model: str = "debugmodel"  # flavour: debugmodel, small, medium, 1B, ... (MODELS), or "qwen3/debugmodel"
     steps: int | None = None  # None: train until stop()
     seq_len: int = 64  # tokens per sequence
     batch_size: int = 2  # sequences per process per step
@@ -310,6 +311,7 @@ class RunConfig:
     runs_root: str | None = None  # default: $MONARCH_NB_RUNS or ./runs
     run_name: str | None = None  # default: a timestamp
     data_dir: str | None = None  # default: the locally built tiny tokenizer + corpus
+    titan: TitanParts | None = None  # a torchtitan 0.3 job's dataset, tokenizer, activation checkpointing
     env: dict[str, str] = field(default_factory=dict)  # extra environment for workers
 
     def validate(self) -> "RunConfig":
@@ -335,7 +337,7 @@ class RunConfig:
             raise ValueError(f"replicas: {self.replicas} groups + {self.spares} spares is more than {MAX_GROUPS}; "
                              f"allowed: at most {MAX_GROUPS} in all")
         need_int("group_size", 1)
-        need_one_of("model", MODELS)
+        check_model(self.model)
         need_one_of("job", JOBS)
         check_job_fields(self)
         if self.steps is not None:
@@ -394,9 +396,12 @@ class RunConfig:
         if self.on_failure == "plain_restart" and self.spares:
             raise ValueError(f"spares: a plain_restart job restarts every process on a failure, a warm spare has "
                              f"nothing to replace; got spares={self.spares} (use on_failure='peer' for spares)")
-        if not isinstance(self.respawn, RespawnBackoff):
-            raise ValueError(f"respawn: must be a RespawnBackoff, got {type(self.respawn).__name__}")
-        self.respawn.validate()
+        for name, kind in (("respawn", RespawnBackoff), ("titan", TitanParts)):
+            value = getattr(self, name)
+            if not isinstance(value, kind) and not (name == "titan" and value is None):
+                raise ValueError(f"{name}: must be a {kind.__name__}, got {type(value).__name__}")
+            if value is not None:
+                value.validate()
         if not isinstance(self.env, dict) or not all(isinstance(k, str) and isinstance(v, str)
                                                      for k, v in self.env.items()):
             raise ValueError("env: must map str to str")
@@ -422,19 +427,13 @@ class RunConfig:
         unknown = sorted(set(data) - known)
         if unknown:
             raise ValueError(f"{unknown[0]}: unknown config field; allowed fields: {', '.join(sorted(known))}")
-        if isinstance(data.get("respawn"), dict):
-            allowed = {f.name for f in dataclasses.fields(RespawnBackoff)}
-            extra = sorted(set(data["respawn"]) - allowed, key=str)
-            if extra:
-                raise ValueError(f"respawn.{extra[0]}: unknown key; allowed keys: {', '.join(sorted(allowed))}")
-            data["respawn"] = RespawnBackoff(**data["respawn"])
-        return cls(**data)
+        return cls(**{**data, **nested_from_dict(data)})
 
     @classmethod
     def from_toml(cls, path: str | Path, **overrides: Any) -> "RunConfig":
         """A validated config from a torchtitan-style TOML job file (the legacy form, torchtitan up to
         0.2; 0.3's own form is ``titan_job``); ``overrides`` (RunConfig fields) replace what the file
-        says. The keys it takes are ``monarch_nb.ft.spec.jobfile.SECTIONS`` plus ``[monarch_nb]`` with
+        says. The keys it takes are ``monarch_nb.ft.settings.jobfile.SECTIONS`` plus ``[monarch_nb]`` with
         any RunConfig field by name; anything else, a wrong type, a field set twice or a value
         ``validate()`` refuses raises ``ValueError`` naming the file's section and key.
 
@@ -455,6 +454,19 @@ class RunConfig:
             return cfg.validate()
         except ValueError as exc:
             raise ValueError(_name_the_file_key(str(exc), origins, set(overrides), str(path))) from None
+
+
+def nested_from_dict(data: dict[str, Any]) -> dict[str, Any]:
+    """The nested dataclass fields (``respawn``, ``titan``) of a recorded config, rebuilt from dicts."""
+    out = {}
+    for name, kind in (("respawn", RespawnBackoff), ("titan", TitanParts)):
+        if isinstance(data.get(name), dict):
+            allowed = {f.name for f in dataclasses.fields(kind)}
+            extra = sorted(set(data[name]) - allowed, key=str)
+            if extra:
+                raise ValueError(f"{name}.{extra[0]}: unknown key; allowed keys: {', '.join(sorted(allowed))}")
+            out[name] = kind(**data[name])
+    return out
 
 
 def slurm_spec(config: "RunConfig") -> Any:
@@ -483,6 +495,15 @@ def check_job_fields(config: "RunConfig") -> None:
     for name in ("partition", "time_limit"):
         if getattr(config, name) is not None:
             raise ValueError(f"{name}: only for job='slurm' (this run has job={config.job!r})")
+
+
+def check_model(name: Any) -> None:
+    """A Llama 3 flavour, or a torchtitan registry model ("MODULE/FLAVOR") whose module and flavour exist."""
+    if is_spec_name(name):
+        model_spec(name)
+    elif name not in MODELS:
+        raise ValueError(f"model: unknown value {name!r}; allowed values: {', '.join(MODELS)}, or MODULE/FLAVOR "
+                         "of a torchtitan registry model (qwen3/debugmodel)")
 
 
 def check_schedule(config: "RunConfig") -> None:

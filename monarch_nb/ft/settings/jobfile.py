@@ -1,4 +1,4 @@
-"""torchtitan-style TOML job files, read into :class:`~monarch_nb.ft.spec.config.RunConfig` values.
+"""torchtitan-style TOML job files, read into :class:`~monarch_nb.ft.settings.config.RunConfig` values.
 
 torchtitan users describe a job in a TOML file with sections such as ``[model]``,
 ``[training]``, ``[optimizer]``, ``[fault_tolerance]`` and ``[checkpoint]`` (torchtitan up to
