@@ -1,8 +1,9 @@
-"""torchtitan 0.3 registry jobs run for real: ``monarch-nb train --module llama3 --config
-llama3_debugmodel ...`` from a shell trains to its last step on torchtitan's own c4_test reader (the
-tiny corpus in its layout), with the job's selective activation checkpointing, and leaves nothing
-behind; a ``Trainer.Config`` built in Python runs under FTRun, a killed group heals from a peer and
-the replicas are identical after, for llama3 and for qwen3 (built through its model spec)."""
+"""torchtitan 0.3 registry jobs run for real. ``monarch-nb train --module torchft.llama3 --config
+llama3_torchft_debugmodel ...`` from a shell trains to its last step on torchtitan's own c4_test
+reader (the tiny corpus in its layout), with the job's selective activation checkpointing, torch's
+profiler and gradient accumulation, and leaves nothing behind. A ``Trainer.Config`` built in Python
+runs under FTRun, a killed group heals from a peer and the replicas are identical after, for llama3
+(with two param groups) and for qwen3 (built through its model spec)."""
 
 from __future__ import annotations
 
@@ -23,20 +24,29 @@ SMALL = ["--training.seq_len", "32", "--training.local_batch_size", "2"]
 
 
 def test_a_registry_job_trains_from_a_shell_to_its_last_step(tmp_path):
-    cmd = [sys.executable, "-m", "monarch_nb.cli", "train", "--module", "llama3", "--config", "llama3_debugmodel",
-           "--training.steps", "5", *SMALL, "--replicas", "2", "--name", "shell"]
+    """torchft's own DiLoCo debug job as shipped (2 fragments, sync every 10, torch's profiler on
+    every step, selective AC) with only seq_len, local batch, gloo (and fewer steps, two groups, a
+    global batch of two microbatches) overridden."""
+    cmd = [sys.executable, "-m", "monarch_nb.cli", "train", "--module", "torchft.llama3", "--config",
+           "llama3_torchft_debugmodel", "--fault_tolerance.process_group", "gloo", "--training.steps", "12",
+           "--training.global_batch_size", "4", *SMALL, "--replicas", "2", "--name", "shell"]
     done = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=300,
                           env={**os.environ, "MONARCH_NB_RUNS": ""})
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     lines = done.stdout.splitlines()
-    assert [ln.split()[1] for ln in lines if ln.startswith("step ")] == ["1", "2", "3", "4", "5"]
-    assert any(ln.startswith("finished at step 5") for ln in lines)
+    assert [int(ln.split()[1]) for ln in lines if ln.startswith("step ")][-1] == 12
+    assert any(ln.startswith("finished at step 12") for ln in lines)
     # torchtitan's dump_folder default (./outputs) is where the run went, as torchtitan writes there
-    events = [json.loads(ln) for ln in (tmp_path / "outputs" / "shell" / "events.jsonl").read_text().splitlines()]
+    run_dir = tmp_path / "outputs" / "shell"
+    events = [json.loads(ln) for ln in (run_dir / "events.jsonl").read_text().splitlines()]
     (started,) = [e for e in events if e["kind"] == RunStarted.kind]
-    assert started["config"]["titan"] == {"dataset": "c4_test", "dataset_path": None, "tokenizer_path": None,
-                                          "activation_checkpoint": "selective"}
-    assert started["config"]["steps"] == 5 and started["config"]["seq_len"] == 32
+    titan = started["config"]["titan"]
+    assert (titan["dataset"], titan["activation_checkpoint"], titan["grad_accumulation"]) == ("c4_test", "selective", 2)
+    assert (titan["profile_freq"], titan["profile_active"], titan["profile_warmup"]) == (10, 10, 0)
+    assert (started["config"]["sync"], started["config"]["sync_every"], started["config"]["fragments"]) == ("diloco", 10, 2)
+    traces = sorted(p.relative_to(run_dir).as_posix() for p in run_dir.glob("profiling/traces/*/*.json"))
+    assert traces == [f"profiling/traces/iteration_10/replica{r}_rank0_trace.json" for r in (0, 1)]
+    assert not [e for e in events if e["kind"] == "failure_detected"]
     assert not _processes_in(tmp_path), "a process of the shell's run outlived it"
 
 
@@ -61,7 +71,8 @@ def test_bad_input_from_the_shell_is_one_line_and_exit_2(tmp_path):
 
 @pytest.mark.parametrize("module", ["llama3", "qwen3"])
 def test_a_trainer_config_built_in_python_faults_and_heals(tmp_path, module):
-    """llama3 as monarch_nb's flavour of the same build; qwen3 through its model spec."""
+    """llama3 as monarch_nb's flavour of the same build, with two param groups; qwen3 through its
+    model spec."""
     import importlib
 
     from monarch_nb.ft import FTRun
@@ -69,6 +80,14 @@ def test_a_trainer_config_built_in_python_faults_and_heals(tmp_path, module):
     trainer = getattr(importlib.import_module(f"torchtitan.models.{module}.config_registry"), f"{module}_debugmodel")()
     trainer.training.steps, trainer.training.seq_len, trainer.training.local_batch_size = 1000, 32, 2
     trainer.dump_folder = str(tmp_path)
+    if module == "llama3":  # torchtitan's param groups: two AdamW optimizers, each healed and compared
+        from torchtitan.components.optimizer.optimizer import ParamGroupConfig
+
+        kwargs = {"betas": (0.9, 0.95), "eps": 1e-8, "weight_decay": 0.0}
+        trainer.optimizer.param_groups = [
+            ParamGroupConfig(pattern="norm", optimizer_name="AdamW", optimizer_kwargs={"lr": 1e-3, **kwargs}),
+            ParamGroupConfig(pattern=".*", optimizer_name="AdamW", optimizer_kwargs={"lr": 8e-4, **kwargs,
+                                                                                    "weight_decay": 0.1})]
     run = FTRun(trainer, replicas=2, run_name="python")
     assert run.config.titan.activation_checkpoint == "selective" and run.config.titan.dataset == "c4_test"
     assert run.config.model == ("debugmodel" if module == "llama3" else "qwen3/debugmodel")

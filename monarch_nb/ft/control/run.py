@@ -284,7 +284,7 @@ class FTRun:
         """TrainerActor's arguments for group ``g``, or for a warm spare (``g`` None: no replica
         and no Lighthouse until it is activated)."""
         worker_cfg = {**self.config.to_dict(), "respawn": None, "run_id": self.run_id,
-                      "checkpoint_dir": str(self.checkpoint_dir),
+                      "checkpoint_dir": str(self.checkpoint_dir), "run_dir": str(self.run_dir),
                       "advertise_host": self.config.advertise_host or self.placement.advertise_host,
                       "communicator_at_once": communicator_at_once(self.config)}
         if g is None:

@@ -4,6 +4,7 @@ tokenizer and activation checkpointing. Plain data; the workers build each with 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 AC_MODES = ("none", "selective", "full")
 # torchtitan's c4_test lives in its source tree (tests/assets/), not in its wheel; where that path is
@@ -27,6 +28,13 @@ class TitanParts:
             with their default options, applied to every transformer block.
         collective_timeout_s: torchtitan's ``comm.train_timeout_seconds``: the timeout of a group's own
             (FSDP) process group; None: 6x ``pg_timeout_s``.
+        grad_accumulation: microbatches of ``batch_size`` per step, their gradients summed before the
+            groups average (torchtitan's global_batch_size / local_batch_size / data-parallel ranks).
+        param_groups: torchtitan's optimizer param groups (dicts of pattern, optimizer_name,
+            optimizer_kwargs), built by its OptimizersContainer; None: one AdamW group at ``lr``.
+        profile_freq: torch's profiler every this many steps (None: off), with ``profile_warmup``
+            and ``profile_active`` steps as torchtitan schedules them; chrome traces go to
+            ``<run dir>/<profile_folder>/iteration_<step>/replica<R>_rank<r>_trace.json``.
     """
 
     dataset: str | None = None
@@ -34,6 +42,12 @@ class TitanParts:
     tokenizer_path: str | None = None
     activation_checkpoint: str = "none"
     collective_timeout_s: float | None = None
+    grad_accumulation: int = 1
+    param_groups: tuple[dict[str, Any], ...] | None = None
+    profile_freq: int | None = None
+    profile_active: int = 1
+    profile_warmup: int = 3
+    profile_folder: str = "profiling/traces"
 
     def validate(self) -> "TitanParts":
         if self.activation_checkpoint not in AC_MODES:
@@ -46,6 +60,21 @@ class TitanParts:
         t = self.collective_timeout_s
         if t is not None and (isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 < t < 1e6):
             raise ValueError(f"titan.collective_timeout_s: must be a number of seconds > 0, got {t!r}")
+        for name, low in (("grad_accumulation", 1), ("profile_active", 1), ("profile_warmup", 0)):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < low:
+                raise ValueError(f"titan.{name}: must be an integer >= {low}, got {v!r}")
+        f = self.profile_freq
+        if f is not None and (isinstance(f, bool) or not isinstance(f, int) or f < self.profile_active + self.profile_warmup):
+            raise ValueError(f"titan.profile_freq: must be an integer >= profile_warmup + profile_active, got {f!r}")
+        if not isinstance(self.profile_folder, str) or not self.profile_folder or self.profile_folder.startswith("/") \
+                or ".." in self.profile_folder.split("/"):
+            raise ValueError(f"titan.profile_folder: a relative folder inside the run's directory, got "
+                             f"{self.profile_folder!r}")
+        if self.param_groups is not None and (not isinstance(self.param_groups, (tuple, list)) or not all(
+                isinstance(g, dict) and set(g) == {"pattern", "optimizer_name", "optimizer_kwargs"}
+                for g in self.param_groups)):
+            raise ValueError("titan.param_groups: a list of {pattern, optimizer_name, optimizer_kwargs} dicts")
         if self.dataset_path is not None and self.dataset is None:
             raise ValueError("titan.dataset_path: names the folder of a dataset; give titan.dataset too")
         return self

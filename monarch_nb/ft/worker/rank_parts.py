@@ -172,6 +172,14 @@ class RankParts:
 
         lr = float(self.cfg.get("lr", 8e-4))
         groups = default_adamw(lr=lr).param_groups
+        titan_groups = (self.cfg.get("titan") or {}).get("param_groups")
+        if titan_groups:  # a torchtitan job's own param groups
+            from torchtitan.components.optimizer.optimizer import ParamGroupConfig
+
+            groups = [ParamGroupConfig(pattern=g["pattern"], optimizer_name=g["optimizer_name"],
+                                       optimizer_kwargs={k: tuple(v) if isinstance(v, list) else v
+                                                         for k, v in g["optimizer_kwargs"].items()})
+                      for g in titan_groups]
         self.optimizers: OptimizersContainer = OptimizersContainer.Config(
             param_groups=groups, implementation="for-loop").build(model_parts=[self.model])
         for opt in self.optimizers.optimizers:
@@ -205,6 +213,8 @@ class RankParts:
         if int(self.inputs.max()) >= self.vocab_size:
             raise ValueError(f"tokenizer produced id {int(self.inputs.max())} >= model vocab {self.vocab_size}")
         self.batch_size = int(self.cfg.get("batch_size", 2))
+        # microbatches per step (a torchtitan job's global_batch_size): each is batch_size sequences
+        self.microbatches = int((self.cfg.get("titan") or {}).get("grad_accumulation", 1))
         self.seq_len = int(self.cfg.get("seq_len", 64))
         if self.inputs.numel() <= self.seq_len:
             raise ValueError(f"the corpus has {self.inputs.numel()} tokens, fewer than one sequence of seq_len "
@@ -228,16 +238,18 @@ class RankParts:
             labels.extend(target.tolist())
         return inputs, labels
 
-    def batch(self, step: int, replica: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The (inputs, labels) of ``step`` for ``replica`` and this rank: a pure function."""
+    def batch(self, step: int, replica: int, micro: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        """The (inputs, labels) of ``step``'s microbatch ``micro`` for ``replica`` and this rank: a
+        pure function (with one microbatch, the step's whole batch)."""
         import torch
 
         replicas = int(self.cfg.get("replicas", 1))
         lanes = replicas * self.group_size
         lane = replica * self.group_size + self.rank
         usable = self.inputs.numel() - self.seq_len
-        starts = [(((step * lanes + lane) * self.batch_size + b) * (self.seq_len + 1) * 7919) % usable
-                  for b in range(self.batch_size)]
+        rows = self.batch_size * self.microbatches
+        starts = [(((step * lanes + lane) * rows + b) * (self.seq_len + 1) * 7919) % usable
+                  for b in range(micro * self.batch_size, (micro + 1) * self.batch_size)]
         x = torch.stack([self.inputs[s:s + self.seq_len] for s in starts]).to(self.device)
         y = torch.stack([self.labels[s:s + self.seq_len] for s in starts]).to(self.device)
         return x, y

@@ -22,6 +22,7 @@ from .checkpointer import DurableCheckpointer
 from .plain_replication import PlainReplication
 from .rank_parts import RankParts
 from .rank_state import RankState
+from .step_profiler import StepProfiler
 from .replication import Replication
 from .torchft_replication import TorchftReplication
 from .train_step import TrainStep
@@ -77,6 +78,9 @@ class ReplicaTrainer:
         if cfg.get("checkpoint_every"):
             self.durable = self.state.checkpointer(int(cfg["checkpoint_every"]), emit)
         self.steps = TrainStep(self.parts, self.state, self.durable, emit=emit, phase=self._phase)
+        self.profiler: StepProfiler | None = None  # a torchtitan job's profiler section
+        if (cfg.get("titan") or {}).get("profile_freq"):
+            self.profiler = StepProfiler(cfg, replica, rank, self.steps.current_step)
         self.replication: Replication | None = None
         if replica is not None:
             assert lighthouse is not None
@@ -130,7 +134,10 @@ class ReplicaTrainer:
 
     def train_step(self, fault_point: Callable[[int], None] | None = None) -> dict[str, Any]:
         """One fault-tolerant step; returns the step record (also emitted)."""
-        return self.steps.run(fault_point)
+        record = self.steps.run(fault_point)
+        if self.profiler is not None and record.get("committed"):
+            self.profiler.step()
+        return record
 
     def current_step(self) -> int:
         return self.steps.current_step()
@@ -174,6 +181,11 @@ class ReplicaTrainer:
         ladder's ``communicator`` and ``step`` rungs); returns whether the group stayed a quorum
         member throughout."""
         return self.steps.repair()
+
+    def training_ended(self) -> None:
+        """The training thread leaves its loop: what it alone may stop (the profiler) stops."""
+        if self.profiler is not None:
+            self.profiler.close()
 
     def shutdown(self, save_timeout: float | None = None) -> None:
         """Leave the run; a durable save still writing gets ``save_timeout`` s (None: no bound)."""

@@ -203,16 +203,22 @@ class TrainStep:
         parts = self.parts
         t_compute = time.time()
         assert self.replica is not None
-        inputs, labels = parts.batch(step, self.replica)
         parts.optimizers.zero_grad()
-        pred = parts.model(inputs)
-        n_tokens = torch.tensor(labels.numel(), device=parts.device)
-        loss, _ = parts.loss_fn(pred, labels, n_tokens)
-        loss.backward()
-        del pred
+        # gradient accumulation (a torchtitan job's global_batch_size): each microbatch's loss is
+        # over the step's tokens, so the summed gradients are those of the whole batch, as torchtitan
+        n_micro = parts.microbatches
+        n_tokens = torch.tensor(parts.batch_size * parts.seq_len * n_micro, device=parts.device)
+        total = 0.0
+        for micro in range(n_micro):
+            inputs, labels = parts.batch(step, self.replica, micro)
+            pred = parts.model(inputs)
+            loss, _ = parts.loss_fn(pred, labels, n_tokens)
+            loss.backward()
+            total += float(loss.detach())
+            del pred
         grads = self._local_grads()
         local = torch.cat([g.reshape(-1) for g in grads])
-        return _Retry(step, float(loss.detach()), local, labels.numel(), time.time() - t_compute), grads
+        return _Retry(step, total, local, int(n_tokens), time.time() - t_compute), grads
 
     def _average(self, local: torch.Tensor, grads: list[torch.Tensor]) -> None:
         """Average ``local`` over the groups and write the result into ``grads``."""

@@ -42,9 +42,7 @@ class TrainerActor(Actor):
         point = current_rank()
         self.rank = int(point.rank)
         self.group_size = math.prod(point.extent[label] for label in point.extent)
-        self.replica = replica
-        self.attempt = attempt
-        self.fault_log = fault_log
+        self.replica, self.attempt, self.fault_log = replica, attempt, fault_log
         self._lock = threading.Lock()
         # (sequence number, event): kept until the controller acknowledges it (see ``poll``)
         self._events: collections.deque[tuple[int, dict[str, Any]]] = collections.deque(maxlen=100_000)
@@ -204,6 +202,8 @@ class TrainerActor(Actor):
             self._emit({"kind": "trainer_error", "replica": self.replica, "rank": self.rank,
                         "error": f"{type(e).__name__}: {e}", "traceback": tb, "t": time.time()})
             self._fail(f"exception: {type(e).__name__}: {e}")
+        finally:
+            self.trainer.training_ended()  # in the training thread (torch's profiler stops where it started)
 
     def _report_hashes(self, step: int) -> None:
         """Digests for an armed step just committed; an armed step this group never committed (it
