@@ -32,6 +32,7 @@ from monarch_nb.telemetry.events import (
     RunStarted,
     RunStopped,
     Step,
+    Validated,
 )
 
 T0 = 1_700_000_000.0
@@ -463,6 +464,20 @@ def test_plot_breaks_a_groups_line_while_it_was_down_and_puts_markers_on_its_cur
     (heal,) = plot._marks["heal"].get_offsets().tolist()
     assert fault == pytest.approx([10, 3.0 - 0.9 + 0.01])  # last point of group 1 before the kill
     assert heal == pytest.approx([12, 1.01])  # first point of group 1 after it healed
+
+
+def test_a_validators_held_out_loss_is_its_own_line_the_groups_mean_per_step():
+    from monarch_nb.notebook.dashboard_render import LossPlot
+
+    evs = healthy_run(steps=10) + [Validated(t=T0 + 20, replica=r, step=s, loss=2.0 + r - 0.1 * s, batches=4,
+                                             seconds=0.1) for s in (5, 10) for r in range(3)]
+    m = model_of(evs)
+    assert m.plot_data().held_out == ((5, pytest.approx(2.5)), (10, pytest.approx(2.0)))
+    plot = LossPlot()
+    plot.render(m.plot_data())
+    assert list(plot._held_out.get_xdata()) == [5, 10]
+    assert "held-out (validator)" in [t.get_text() for t in plot.ax.get_legend().get_texts()]
+    assert model_of(healthy_run(steps=10)).plot_data().held_out == ()  # no validator: no line
 
 
 def test_plot_data_stays_small_for_a_long_run_and_keeps_the_gap():

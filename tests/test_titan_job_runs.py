@@ -25,11 +25,12 @@ SMALL = ["--training.seq_len", "32", "--training.local_batch_size", "2"]
 
 def test_a_registry_job_trains_from_a_shell_to_its_last_step(tmp_path):
     """torchft's own DiLoCo debug job as shipped (2 fragments, sync every 10, torch's profiler on
-    every step, selective AC) with only seq_len, local batch, gloo (and fewer steps, two groups, a
-    global batch of two microbatches) overridden."""
+    every step, selective AC, its validator's freq 5) with only seq_len, local batch, gloo (and
+    fewer steps, two groups, a global batch of two microbatches, the validator on) overridden."""
     cmd = [sys.executable, "-m", "monarch_nb.cli", "train", "--module", "torchft.llama3", "--config",
            "llama3_torchft_debugmodel", "--fault_tolerance.process_group", "gloo", "--training.steps", "12",
-           "--training.global_batch_size", "4", *SMALL, "--replicas", "2", "--name", "shell"]
+           "--training.global_batch_size", "4", "--validator.enable", "--validator.steps", "2", *SMALL,
+           "--replicas", "2", "--name", "shell"]
     done = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=300,
                           env={**os.environ, "MONARCH_NB_RUNS": ""})
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
@@ -47,6 +48,9 @@ def test_a_registry_job_trains_from_a_shell_to_its_last_step(tmp_path):
     traces = sorted(p.relative_to(run_dir).as_posix() for p in run_dir.glob("profiling/traces/*/*.json"))
     assert traces == [f"profiling/traces/iteration_10/replica{r}_rank0_trace.json" for r in (0, 1)]
     assert not [e for e in events if e["kind"] == "failure_detected"]
+    validated = sorted((e["step"], e["replica"], e["batches"]) for e in events if e["kind"] == "validated")
+    assert validated == [(5, 0, 2), (5, 1, 2), (10, 0, 2), (10, 1, 2)]  # validator.freq 5 of the shipped job
+    assert all(0 < e["loss"] < 12 for e in events if e["kind"] == "validated")
     assert not _processes_in(tmp_path), "a process of the shell's run outlived it"
 
 

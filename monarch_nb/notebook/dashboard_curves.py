@@ -14,7 +14,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import TypeVar
 
-from ..telemetry.events import Step
+from ..telemetry.events import Step, Validated
 
 # Points kept per group's committed curve and for the global curve, before thinning. The image
 # draws at most PLOT_POINTS of each (it is 600 pixels wide), so more would only be memory: 2,000
@@ -25,6 +25,7 @@ LOSS_KEPT = PLOT_POINTS  # every reported (step, loss, committed) per group, new
 MARKERS_KEPT = 600
 GLOBAL_SETTLE_STEPS = 200  # a step this far behind the newest has every commit it will get
 DROPPED_KEPT = 200  # per group, the newest steps that did not commit
+HELD_OUT_KEPT = PLOT_POINTS  # validations kept (a validator reports every few steps)
 
 _T = TypeVar("_T")
 
@@ -55,6 +56,7 @@ class PlotData:
     markers: list[Marker]
     point_count: int
     global_step: int | None
+    held_out: tuple[tuple[int, float], ...] = ()  # a validator's (step, the groups' mean held-out loss)
 
 
 class Curve:
@@ -132,6 +134,7 @@ class LossCurves:
         self._global_steps: list[int] = []  # the keys of _global_sum, in order
         self._global_settled = Curve(points_kept)  # older steps' means, thinned
         self._points = 0  # loss points of every group (see point_count)
+        self._held_out: dict[int, list[float]] = {}  # step -> [sum, count] of the groups' held-out losses
 
     def add(self, e: Step) -> None:
         """One reported step of one group: on its line, and on the global one once committed."""
@@ -159,6 +162,17 @@ class LossCurves:
                 self._settle_global()
         acc[0] += e.loss
         acc[1] += 1
+
+    def validated(self, e: Validated) -> None:
+        """A group's held-out loss: the plot's held-out line is the groups' mean at each step."""
+        acc = self._held_out.setdefault(e.step, [0.0, 0])
+        acc[0] += e.loss
+        acc[1] += 1
+        while len(self._held_out) > HELD_OUT_KEPT:
+            del self._held_out[min(self._held_out)]
+
+    def held_out(self) -> list[tuple[int, float]]:
+        return [(s, total / n) for s, (total, n) in sorted(self._held_out.items())]
 
     def mark(self, marker: Marker) -> None:
         self.markers.append(marker)
@@ -192,7 +206,7 @@ class LossCurves:
                      for r in sorted(self.loss)}
         dropped = {r: list(self.dropped.get(r, ())) for r in sorted(self.loss)}
         return PlotData(committed, dropped, self.global_loss(limit), list(self.markers), self.point_count(),
-                        global_step)
+                        global_step, tuple(_sample(self.held_out(), limit)))
 
 
 def _sample(items: list[_T], limit: int | None) -> list[_T]:

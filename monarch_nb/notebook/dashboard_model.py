@@ -40,6 +40,7 @@ from ..telemetry.events import (
     SpareState,
     Step,
     TornDown,
+    Validated,
     WorkerFailed,
 )
 from .dashboard_curves import GLOBAL_SETTLE_STEPS, LOSS_KEPT, MARKERS_KEPT, PLOT_POINTS, POINTS_KEPT, Curve, LossCurves, Marker, PlotData
@@ -163,6 +164,10 @@ class DashboardModel:
             self._last_meeting = e.step
             self.curves.mark(Marker("meeting", e.replica, e.step, e.t, "the groups met"))
         return {HEALTH, QUORUM, PLOT}
+
+    def _on_Validated(self, e: Validated) -> set[str]:
+        self.curves.validated(e)
+        return {PLOT}
 
     def _on_Quorum(self, e: Quorum) -> set[str]:
         if self.quorum.is_stale(e):

@@ -84,6 +84,8 @@ class LossPlot:
         self._dropped: dict[int, PathCollection] = {}
         (self._global,) = ax.plot([], [], lw=1.6, ls="--", color=GLOBAL_COLOUR, alpha=0.8,
                                   label="committed (global)", zorder=4)
+        (self._held_out,) = ax.plot([], [], lw=1.4, ls=":", marker="o", markersize=3, color=GLOBAL_COLOUR,
+                                    label="held-out (validator)", zorder=4)
         self._marks = {k: ax.scatter([], [], zorder=5, edgecolors="white", linewidths=0.8, **st)
                        for k, st in self.MARKER_STYLE.items()}
         self._vlines = {k: LineCollection([], colors=st["color"], linewidths=0.7,
@@ -130,10 +132,12 @@ class LossPlot:
                 dropped.set_offsets(np.array(data.dropped.get(replica, []), dtype=float).reshape(-1, 2))
         glob = data.global_loss
         self._global.set_data(*(zip(*glob) if glob else ([], [])))
+        held = list(data.held_out)
+        self._held_out.set_data(*(zip(*held) if held else ([], [])))
         self._update_markers(data)
         kinds = {m.kind for m in data.markers}
         groups = (f"{len(series)} groups",) if many else tuple(sorted(series))
-        shown = groups + tuple(k for k in self.MARKER_STYLE if k in kinds)
+        shown = groups + (("held-out",) if held else ()) + tuple(k for k in self.MARKER_STYLE if k in kinds)
         if not legend:
             shown = ()
         if shown != self._legend_key:
@@ -144,7 +148,8 @@ class LossPlot:
                 if many:
                     self._many.set_label(f"each of {len(series)} groups")
                 lines = [self._many] if many else [self._lines[r] for r in sorted(series)]
-                handles = lines + [self._global] + [self._marks[k] for k in self.MARKER_STYLE if k in shown]
+                handles = lines + [self._global] + ([self._held_out] if held else []) + \
+                    [self._marks[k] for k in self.MARKER_STYLE if k in shown]
                 ax.legend(handles=handles, loc="upper right", fontsize=8, ncol=2, framealpha=0.8)
         ax.relim()
         ax.autoscale_view()

@@ -346,6 +346,19 @@ class Step(Event):
 
 
 @dataclass(frozen=True, kw_only=True)
+class Validated(Event):
+    """A group's held-out loss (a torchtitan job's validator): the mean over ``batches`` batches of
+    its validation set, no gradients, after committing ``step``."""
+
+    kind: ClassVar[str] = "validated"
+    replica: int
+    step: int
+    loss: float
+    batches: int
+    seconds: float
+
+
+@dataclass(frozen=True, kw_only=True)
 class Quorum(Event):
     kind: ClassVar[str] = "quorum"
     quorum_id: int

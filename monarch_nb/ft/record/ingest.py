@@ -30,6 +30,7 @@ from ...telemetry.events import (
     Rejoined,
     Repaired,
     Step,
+    Validated,
 )
 
 
@@ -159,6 +160,9 @@ class EventIngest:
                              source_replica=first.get("source_replica"), cause=cause,
                              from_step=None if from_step is None else int(from_step),
                              unheard_s=None if unheard is None else round(float(unheard), 3))
+        elif kind == "validated" and rank == 0:
+            yield Validated(t=t, replica=replica, step=int(ev["step"]), loss=float(ev["loss"]),
+                            batches=int(ev["batches"]), seconds=float(ev["seconds"]))
         elif kind == "heal_corrupt":
             yield HealCorrupt(t=t, replica=replica, rank=rank, step=int(ev["step"]), tensor=str(ev["tensor"]),
                               offset=int(ev["offset"]), donor=ev.get("donor"), refetched_from=ev.get("refetched_from"))

@@ -21,6 +21,7 @@ VERSION = 2  # 2: the corpus also in the layout of torchtitan's c4_test (TITAN_L
 VOCAB_SIZE = 2048
 BOS, EOS = "<|begin_of_text|>", "<|end_of_text|>"
 TITAN_LAYOUT = "c4_test/c4_sample.json"  # what torchtitan's c4_test loader reads: json lines with "text"
+HELD_OUT = "validation/c4_sample.json"  # a held-out corpus (another seed) in the same layout, for validators
 
 _SUBJECTS = ["the cat", "a dog", "the old fox", "my neighbour", "the small robot", "a farmer", "the teacher",
              "our captain", "the river", "a young bird", "the baker", "the quiet child", "every sailor"]
@@ -63,10 +64,10 @@ def ensure_tinydata(root: str | Path | None = None) -> Path:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     docs = make_corpus()
-    (tmp / TITAN_LAYOUT).parent.mkdir()
-    for name in ("corpus.jsonl", TITAN_LAYOUT):
+    for name, texts in (("corpus.jsonl", docs), (TITAN_LAYOUT, docs), (HELD_OUT, make_corpus(60, seed=1))):
+        (tmp / name).parent.mkdir(exist_ok=True)
         with open(tmp / name, "w", encoding="utf-8") as f:
-            for doc in docs:
+            for doc in texts:
                 f.write(json.dumps({"text": doc}) + "\n")
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)

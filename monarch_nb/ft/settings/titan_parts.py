@@ -35,6 +35,12 @@ class TitanParts:
         profile_freq: torch's profiler every this many steps (None: off), with ``profile_warmup``
             and ``profile_active`` steps as torchtitan schedules them; chrome traces go to
             ``<run dir>/<profile_folder>/iteration_<step>/replica<R>_rank<r>_trace.json``.
+        validate_every: torchtitan's validator: every this many committed steps each group reports
+            its held-out loss (``Validated`` events, the dashboard's held-out line); None: off.
+        validate_steps: batches per validation (-1: one pass over the validation set).
+        validation_dataset: the validation set's torchtitan dataset (read like ``dataset``);
+            None: ``c4_test``'s reader.
+        validation_path: its local folder; None: the tiny held-out corpus (``<data_dir>/validation``).
     """
 
     dataset: str | None = None
@@ -48,6 +54,10 @@ class TitanParts:
     profile_active: int = 1
     profile_warmup: int = 3
     profile_folder: str = "profiling/traces"
+    validate_every: int | None = None
+    validate_steps: int = -1
+    validation_dataset: str | None = None
+    validation_path: str | None = None
 
     def validate(self) -> "TitanParts":
         if self.activation_checkpoint not in AC_MODES:
@@ -64,6 +74,16 @@ class TitanParts:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < low:
                 raise ValueError(f"titan.{name}: must be an integer >= {low}, got {v!r}")
+        v = self.validate_every
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+            raise ValueError(f"titan.validate_every: must be an integer >= 1 or None, got {v!r}")
+        v = self.validate_steps
+        if isinstance(v, bool) or not isinstance(v, int) or (v < 1 and v != -1):
+            raise ValueError(f"titan.validate_steps: must be an integer >= 1, or -1 (one pass), got {v!r}")
+        for name in ("validation_dataset", "validation_path"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, str) or not value):
+                raise ValueError(f"titan.{name}: must be a non-empty string or None, got {value!r}")
         f = self.profile_freq
         if f is not None and (isinstance(f, bool) or not isinstance(f, int) or f < self.profile_active + self.profile_warmup):
             raise ValueError(f"titan.profile_freq: must be an integer >= profile_warmup + profile_active, got {f!r}")

@@ -124,6 +124,33 @@ def _profiler(config: Any) -> tuple[dict[str, Any], str]:
                   f"active), chrome traces in <run>/{p.save_traces_folder}/iteration_N/")
 
 
+def _validator(config: Any) -> tuple[dict[str, Any], str]:
+    """torchtitan's validator: each group's held-out loss every ``freq`` steps, over ``steps`` batches."""
+    from pathlib import Path
+
+    from torchtitan.hf_datasets.text_datasets import DATASETS
+
+    v = config.validator
+    if v.freq < 1 or (v.steps < 1 and v.steps != -1):
+        raise Refuse("validator.freq must be >= 1 and validator.steps >= 1 or -1 (one pass)")
+    name, path = v.dataloader.dataset, v.dataloader.dataset_path
+    sets: dict[str, Any] = {"titan.validate_every": v.freq, "titan.validate_steps": v.steps}
+    what = f"held-out loss every {v.freq} steps over {'one pass' if v.steps == -1 else f'{v.steps} batches'}"
+    if name not in DATASETS:
+        raise Refuse(f"monarch_nb validates on torchtitan's text datasets; {name!r} is not one: {', '.join(DATASETS)}")
+    if path is not None:
+        local, _ = _local_dir(path, "titan.validation_path", "--validator.dataloader.dataset_path")
+        return {**sets, **local, "titan.validation_dataset": name}, f"{what} of {name} at {path}"
+    if name == "c4_test" and Path(DATASETS[name].path).is_dir():
+        return ({**sets, "titan.validation_dataset": name,
+                 "titan.validation_path": str(Path(DATASETS[name].path).resolve())}, f"{what} of c4_test")
+    if name in ("c4_validation", "c4_test"):
+        where = "allenai/c4 on the hub" if name != "c4_test" else "in torchtitan's source tree"
+        return sets, f"{what} of the tiny held-out corpus, in c4_test's layout ({name} is {where}; no hub here)"
+    raise Refuse(f"validation dataset {name!r} loads {DATASETS[name].path!r} from the hub; monarch_nb reads local "
+                 "files only: give --validator.dataloader.dataset_path with a local copy")
+
+
 def _norm(v: Any) -> Any:
     return tuple(v) if isinstance(v, (list, tuple)) else v
 
@@ -139,8 +166,6 @@ def _process_group(value: Any, config: Any) -> tuple[dict[str, Any], str]:
             pass
     return field("backend")(value, config)
 
-
-_NOT_YET = "does not run it yet (issue 51: trainer parity)"
 
 RULES: dict[str, Rule] = {
     "training.steps": field("steps"),
@@ -244,7 +269,20 @@ RULES: dict[str, Rule] = {
                                                                                         "snapshots"),
     "profiler.enable_memory_snapshot": fixed(False, "takes no CUDA memory snapshots"),
     "compile.enable": fixed(False, "does not torch.compile"),
-    "validator.enable": fixed(False, _NOT_YET),
+    "validator.enable": lambda v, c: _validator(c) if v else ({}, "no validator"),
+    "validator.freq": lambda v, c: ({}, "with validator.enable") if c.validator.enable
+    else ({}, "unused: validator.enable is off"),
+    "validator.steps": lambda v, c: ({}, "with validator.enable") if c.validator.enable
+    else ({}, "unused: validator.enable is off"),
+    "validator.dataloader.dataset": lambda v, c: ({}, "with validator.enable") if c.validator.enable
+    else ({}, "unused: validator.enable is off"),
+    "validator.dataloader.dataset_path": lambda v, c: ({}, "with validator.enable") if c.validator.enable
+    else ({}, "unused: validator.enable is off"),
+    "validator.dataloader.num_workers": fixed(0, "loads validation batches in the training thread"),
+    "validator.dataloader.persistent_workers": fixed(False, "loads validation batches in the training thread"),
+    "validator.dataloader.pin_memory": fixed(False, "loads validation batches in the training thread"),
+    "validator.dataloader.prefetch_factor": fixed(None, "loads validation batches in the training thread"),
+    "validator.dataloader.infinite": fixed(False, "validates over the same batches each time"),
     "debug.seed": lambda v, c: field("seed")(v, c) if v is not None else ({}, "seed's default (0)"),
     "debug.deterministic": fixed(False, "keeps torch's default"),
     "debug.print_config": fixed(False, "prints the job with `monarch-nb check-job`"),
@@ -298,7 +336,7 @@ UNUSED_SECTIONS: dict[str, str] = {
 SECTION_SWITCHES: dict[str, tuple[str, str]] = {
     "profiler.": ("profiler.enable_profiling", "profiles with torchtitan's schedule fields only"),
     "compile.": ("compile.enable", "does not compile"),
-    "validator.": ("validator.enable", _NOT_YET),
+    "validator.": ("validator.enable", "validates with torchtitan's freq, steps and dataset fields only"),
     "checkpoint.": ("checkpoint.enable", "saves with its own checkpointer"),
 }
 

@@ -199,7 +199,7 @@ class RankParts:
         self.tokenizer: HuggingFaceTokenizer = HuggingFaceTokenizer(tokenizer_path=titan.get("tokenizer_path")
                                                                     or data_dir)
         if titan.get("dataset"):
-            inputs, labels = self._titan_tokens(titan["dataset"], titan.get("dataset_path")
+            inputs, labels = self.read_dataset(titan["dataset"], titan.get("dataset_path")
                                                 or str(Path(data_dir) / "c4_test"))
         else:
             ids = []
@@ -220,7 +220,7 @@ class RankParts:
             raise ValueError(f"the corpus has {self.inputs.numel()} tokens, fewer than one sequence of seq_len "
                              f"{self.seq_len}")
 
-    def _titan_tokens(self, dataset: str, path: str) -> tuple[list[int], list[int]]:
+    def read_dataset(self, dataset: str, path: str) -> tuple[list[int], list[int]]:
         """One pass over a torchtitan text dataset, read and tokenized by torchtitan's own
         HuggingFaceTextDataset (local files only): its inputs and labels (shifted within each
         document, as torchtitan trains). Batches stay a pure function of (step, replica, rank)

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from ..settings.plain_address import is_plain
 from ..settings.platform import Platform
 from .checkpointer import DurableCheckpointer
+from .held_out import HeldOut
 from .plain_replication import PlainReplication
 from .rank_parts import RankParts
 from .rank_state import RankState
@@ -78,9 +79,11 @@ class ReplicaTrainer:
         if cfg.get("checkpoint_every"):
             self.durable = self.state.checkpointer(int(cfg["checkpoint_every"]), emit)
         self.steps = TrainStep(self.parts, self.state, self.durable, emit=emit, phase=self._phase)
+        titan = cfg.get("titan") or {}
         self.profiler: StepProfiler | None = None  # a torchtitan job's profiler section
-        if (cfg.get("titan") or {}).get("profile_freq"):
+        if titan.get("profile_freq"):
             self.profiler = StepProfiler(cfg, replica, rank, self.steps.current_step)
+        self.held_out = HeldOut(self.parts, titan, data_dir) if titan.get("validate_every") else None
         self.replication: Replication | None = None
         if replica is not None:
             assert lighthouse is not None
@@ -137,6 +140,8 @@ class ReplicaTrainer:
         record = self.steps.run(fault_point)
         if self.profiler is not None and record.get("committed"):
             self.profiler.step()
+        if self.held_out is not None and (validated := self.held_out.after(record)) is not None:
+            self.emit(validated)
         return record
 
     def current_step(self) -> int:
