@@ -14,6 +14,12 @@ def main(argv: list[str] | None = None) -> int:
         code, text = check(argv[1:])
         print(text, file=sys.stderr if code == 2 else sys.stdout)
         return code
+    if argv[:1] == ["convert-job"] and len(argv) == 2 and not argv[1].startswith("-"):
+        from .ft.settings.job_convert import convert
+
+        code, text = convert(argv[1])
+        print(text, file=sys.stderr if code else sys.stdout)
+        return code
     if argv[:1] == ["train"]:  # the flags of `%monarch train`, torchtitan's job form among them
         from .shell_train import main as train
 
@@ -35,6 +41,10 @@ def main(argv: list[str] | None = None) -> int:
 
     sub.add_parser("train", help="start a fault-tolerant run headless and train to its last step: the flags of "
                    "`%%monarch train` (monarch-nb train --help), torchtitan 0.3's job form among them")
+
+    conv = sub.add_parser("convert-job", help="print a legacy TOML job (torchtitan up to 0.2) in torchtitan 0.3's "
+                          "form: a config-registry function and `monarch-nb train` flags, checked to give the same run")
+    conv.add_argument("toml", metavar="OLD.toml")
 
     inst = sub.add_parser("install-kernel", help="install the Monarch kernelspec")
     inst.add_argument("--user", action="store_true", help="install for this user instead of this environment")

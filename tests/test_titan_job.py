@@ -218,3 +218,41 @@ def test_registry_shapes_used_here_hold(shipped):
     """The rule table leans on these shapes of torchtitan 0.3's configs (an upgrade fails here)."""
     assert dataclasses.is_dataclass(shipped) and hasattr(shipped, "model_spec")
     assert shipped.model_spec.flavor == "debugmodel" and shipped.model_spec.name.endswith(("llama3", "qwen3"))
+
+
+def test_convert_job_prints_both_forms_and_each_gives_the_tomls_run(capsys, tmp_path, monkeypatch):
+    """The legacy TOML example in torchtitan 0.3's form: the shell line through %monarch train's own
+    parser, and the Python registry function executed (FTRun recording what it was given), each give
+    the TOML's RunConfig (the data reader and activation checkpointing aside, by design)."""
+    import monarch_nb.ft
+    from monarch_nb.ft import RunConfig
+    from monarch_nb.ft.settings.job_convert import DATA_FIELDS, DEFAULT_RUNS
+    from monarch_nb.notebook.train_magics import config_from_args
+
+    toml = "examples/llama3_debug_ft.toml"
+    assert cli(["convert-job", toml]) == 0
+    out = capsys.readouterr().out
+    old = RunConfig.from_toml(toml)
+    old = old.replace(runs_root=old.runs_root or DEFAULT_RUNS)
+    (shell,) = [ln for ln in out.splitlines() if ln.startswith("monarch-nb train ")]
+    from_shell = config_from_args(_magic_args("train " + shell.removeprefix("monarch-nb train ")))
+    started = []
+
+    class Recorder:
+        def __init__(self, config, **overrides):
+            started.append(titan_job.run_config_of(config, **overrides))
+
+        def start(self):
+            return self
+
+    monkeypatch.setattr(monarch_nb.ft, "FTRun", Recorder)
+    exec(out[out.index("from torchtitan"):], {})
+    for new in (from_shell, *started):
+        differ = [f.name for f in dataclasses.fields(old)
+                  if f.name not in DATA_FIELDS and getattr(old, f.name) != getattr(new, f.name)]
+        assert not differ, differ
+    assert len(started) == 1
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[model]\nname = "llama3"\nflavor = "tiny"\n')
+    assert cli(["convert-job", str(bad)]) == 1
+    assert "model 'tiny'" in capsys.readouterr().err

@@ -41,6 +41,8 @@ class TitanParts:
         validation_dataset: the validation set's torchtitan dataset (read like ``dataset``);
             None: ``c4_test``'s reader.
         validation_path: its local folder; None: the tiny held-out corpus (``<data_dir>/validation``).
+        fragment_update_alpha: torchft's streaming DiLoCo mix of a fragment's local and synced
+            parameters (0: take the synced ones).
     """
 
     dataset: str | None = None
@@ -58,6 +60,7 @@ class TitanParts:
     validate_steps: int = -1
     validation_dataset: str | None = None
     validation_path: str | None = None
+    fragment_update_alpha: float = 0.0
 
     def validate(self) -> "TitanParts":
         if self.activation_checkpoint not in AC_MODES:
@@ -84,6 +87,9 @@ class TitanParts:
             value = getattr(self, name)
             if value is not None and (not isinstance(value, str) or not value):
                 raise ValueError(f"titan.{name}: must be a non-empty string or None, got {value!r}")
+        a = self.fragment_update_alpha
+        if isinstance(a, bool) or not isinstance(a, (int, float)) or not 0 <= a <= 1:  # NaN fails too
+            raise ValueError(f"titan.fragment_update_alpha: must be a number from 0 to 1, got {a!r}")
         f = self.profile_freq
         if f is not None and (isinstance(f, bool) or not isinstance(f, int) or f < self.profile_active + self.profile_warmup):
             raise ValueError(f"titan.profile_freq: must be an integer >= profile_warmup + profile_active, got {f!r}")

@@ -210,8 +210,12 @@ RULES: dict[str, Rule] = {
     "fault_tolerance.sync_steps": field("sync_every"),
     "fault_tolerance.num_fragments": field("fragments"),
     "fault_tolerance.should_quantize": fixed(False, "does not quantize pseudo-gradients (Triton, GPU only)"),
-    "fault_tolerance.fragment_sync_delay": fixed(0, "syncs fragments without delay"),
-    "fault_tolerance.fragment_update_alpha": fixed(0.0, "keeps torchft's default"),
+    "fault_tolerance.fragment_sync_delay": fixed(0, "completes each fragment's sync in the step it starts (its "
+                                                    "meeting bookkeeping and heals count on it)"),
+    "fault_tolerance.fragment_update_alpha": lambda v, c: ({"titan.fragment_update_alpha": float(v)},
+                                                           f"titan.fragment_update_alpha = {float(v)!r} (torchft's "
+                                                           "DiLoCo mix of local and synced fragments)")
+    if isinstance(v, (int, float)) and 0 <= v <= 1 else _refuse("takes a fragment_update_alpha from 0 to 1"),
     "fault_tolerance.module_fqns_per_model_fragment": fixed([], "splits fragments itself"),
     "checkpoint.enable": lambda v, c: ({}, "with checkpoint.interval: checkpoint_every") if v
     else ({"checkpoint_every": None}, "checkpoint_every = None (only the final checkpoint)"),

@@ -32,7 +32,8 @@ class SemiSync:
         from torchtitan.experiments.torchft.diloco import fragment_llm
 
         ft = FaultTolerance(enable=True, semi_sync_method=str(cfg["sync"]), sync_steps=int(cfg["sync_every"]),
-                            num_fragments=int(cfg.get("fragments") or 1))
+                            num_fragments=int(cfg.get("fragments") or 1),
+                            fragment_update_alpha=float((cfg.get("titan") or {}).get("fragment_update_alpha", 0.0)))
         self.manager = manager
         self.period = ft.sync_steps // ft.num_fragments  # steps between two meetings
         self._context = seam.semi_sync_training(ft, manager, parts.model, parts.optimizers, fragment_llm)
