@@ -96,8 +96,8 @@ def _overrides(old: Any, job: list[str]) -> tuple[list[str], dict[str, Any], dic
         value = getattr(old, f.name)
         if f.name == "runs_root" and value is None:  # the TOML's default; torchtitan's dump_folder is ./outputs
             value = DEFAULT_RUNS
-        if f.name == "backend" and value is None:  # auto: what this machine picks (torchft's config says nccl)
-            value = _auto_backend()
+        if f.name == "backend" and value is None and base["backend"]:  # auto, where the config names one
+            value = _auto_backend()  # (torchft's says nccl): what this machine picks
         if f.name in DATA_FIELDS or value == base.get(f.name):
             continue
         if f.name in TITAN_FLAGS:
