@@ -96,7 +96,7 @@ def _overrides(old: Any, job: list[str]) -> tuple[list[str], dict[str, Any], dic
         value = getattr(old, f.name)
         if f.name == "runs_root" and value is None:  # the TOML's default; torchtitan's dump_folder is ./outputs
             value = DEFAULT_RUNS
-        if f.name == "backend" and value is None and base["backend"]:  # auto, where the config names one
+        if f.name == "backend" and value is None and job[1] == "torchft.llama3":  # auto, where the config names one
             value = _auto_backend()  # (torchft's says nccl): what this machine picks
         if f.name in DATA_FIELDS or value == base.get(f.name):
             continue
