@@ -121,6 +121,18 @@ def test_a_changed_model_leaf_is_refused_by_its_path():
     object.__setattr__(changed.model_spec, "name", "gpt_oss")
     (model,) = [v for v in titan_job.read(changed)[1] if v.path == "model_spec"]
     assert not model.honoured and "'gpt_oss' does not run here" in model.becomes
+    from torchtitan.models.qwen3 import model_registry
+
+    moe = copy.deepcopy(qwen)
+    object.__setattr__(moe, "model_spec", model_registry("debugmodel_moe"))
+    (flavor,) = [v for v in titan_job.read(moe)[1] if v.path.startswith("model_spec")]
+    assert not flavor.honoured and "mixture-of-experts" in flavor.becomes
+    from monarch_nb.ft import RunConfig
+
+    with pytest.raises(ValueError, match="model: qwen3/debugmodel_moe has mixture-of-experts layers"):
+        RunConfig(model="qwen3/debugmodel_moe").validate()
+    with pytest.raises(ValueError, match="model: 'gpt_oss' is not a torchtitan model monarch_nb trains"):
+        RunConfig(model="gpt_oss/debugmodel").validate()
 
 
 @pytest.mark.parametrize("args, expected", [
@@ -256,3 +268,21 @@ def test_convert_job_prints_both_forms_and_each_gives_the_tomls_run(capsys, tmp_
     bad.write_text('[model]\nname = "llama3"\nflavor = "tiny"\n')
     assert cli(["convert-job", str(bad)]) == 1
     assert "model 'tiny'" in capsys.readouterr().err
+
+
+def test_the_field_tables_in_the_readme_and_docs_are_generated_from_the_rules():
+    """README.md's per-section table and docs/torchtitan_jobs.md's table of every leaf are what
+    scripts/titan_fields.py writes from the rules today (a rule changed without them fails here)."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "scripts" / "titan_fields.py"
+    spec = importlib.util.spec_from_file_location("titan_fields", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    rows = module.verdicts()
+    assert "training.steps" in rows and rows["training.steps"][1]
+    readme = (path.parent.parent / "README.md").read_text()
+    docs = (path.parent.parent / "docs" / "torchtitan_jobs.md").read_text()
+    assert module.readme_table(rows) in readme and module.doc_table(rows) in docs, \
+        "stale: run .venv/bin/python scripts/titan_fields.py"

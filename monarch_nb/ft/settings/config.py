@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .flavors import FLAVOR_NAMES, is_spec_name, model_spec
+from .flavors import FLAVOR_NAMES, has_experts, is_spec_name, model_spec
 from .jobfile import read_job_file
 from .platform import PLATFORMS
 from .respawn import RespawnBackoff
@@ -500,7 +500,8 @@ def check_job_fields(config: "RunConfig") -> None:
 def check_model(name: Any) -> None:
     """A Llama 3 flavour, or a torchtitan registry model ("MODULE/FLAVOR") whose module and flavour exist."""
     if is_spec_name(name):
-        model_spec(name)
+        if has_experts(model_spec(name).model):
+            raise ValueError(f"model: {name} has mixture-of-experts layers; monarch_nb trains dense models")
     elif name not in MODELS:
         raise ValueError(f"model: unknown value {name!r}; allowed values: {', '.join(MODELS)}, or MODULE/FLAVOR "
                          "of a torchtitan registry model (qwen3/debugmodel)")

@@ -114,6 +114,20 @@ def parallelize_fn(name: str) -> Any:
     return parallelize_llama
 
 
+def has_experts(model: Any) -> bool:
+    """Whether a model config has mixture-of-experts layers (built on the meta device: no memory)."""
+    import torch
+
+    with torch.device("meta"):
+        built = model.build()
+    return any(getattr(block, "moe_enabled", False) for block in built.get_submodule("layers").children())
+
+
+def post_optimizer_hook(name: str) -> Any:
+    """A registry model's ``post_optimizer_build_fn`` (None for the Llama 3 flavours)."""
+    return model_spec(name).post_optimizer_build_fn if is_spec_name(name) else None
+
+
 def model_config(name: str, attn_backend: str = "flex") -> Any:
     """torchtitan's model config for ``name``: a Llama 3 flavour (ours or torchtitan's), or a
     registry model's ``MODULE/FLAVOR`` built from its model spec."""

@@ -148,7 +148,7 @@ def _model_verdicts(config: Any, fields: dict[str, Any]) -> list[Leaf]:
     """The model is honoured as a whole: torchtitan's registry flavour of its name, unchanged. Llama 3
     trains as monarch_nb's flavour of that name (the same build); another registry model (qwen3)
     through its model spec, ``model = "MODULE/FLAVOR"``."""
-    from .flavors import FLAVOR_NAMES, SPEC_MODULES, model_spec
+    from .flavors import FLAVOR_NAMES, SPEC_MODULES, has_experts, model_spec
 
     spec = getattr(config, "model_spec", None)
     name, flavor = getattr(spec, "name", None), getattr(spec, "flavor", None)
@@ -164,6 +164,9 @@ def _model_verdicts(config: Any, fields: dict[str, Any]) -> list[Leaf]:
         registry = model_spec(f"{module}/{flavor}") if module != "llama3" else _llama3_spec(flavor)
     except ValueError as exc:
         return [Leaf("model_spec.flavor", flavor, False, str(exc))]
+    if module != "llama3" and has_experts(registry.model):
+        return [Leaf("model_spec.flavor", flavor, False, f"{module}/{flavor} has mixture-of-experts layers; monarch_nb "
+                     "trains dense models (no expert parallelism or expert-bias balancing across groups)")]
     want = dict(leaves_of(registry.model, "model_spec.model."))
     have = dict(leaves_of(spec.model, "model_spec.model."))
     changed = [Leaf(path, value, False, f"differs from torchtitan's {module} {flavor!r} ({_short(want.get(path))}); "

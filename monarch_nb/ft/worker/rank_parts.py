@@ -184,6 +184,11 @@ class RankParts:
             param_groups=groups, implementation="for-loop").build(model_parts=[self.model])
         for opt in self.optimizers.optimizers:
             init_optim_state(opt)  # state tensors exist before any heal loads into them
+        from ..settings.flavors import post_optimizer_hook
+
+        hook = post_optimizer_hook(self.cfg.get("model", "debugmodel"))
+        if hook is not None:  # a registry model's own (torchtitan's trainer calls it here too)
+            hook(self.optimizers, [self.model], self.parallel_dims)
         steps = self.cfg.get("steps") or 10_000
         self.lr_schedulers: LRSchedulersContainer = LRSchedulersContainer.Config(
             warmup_steps=int(self.cfg.get("warmup_steps", 2)), decay_ratio=float(self.cfg.get("lr_decay_ratio", 0.8)),
