@@ -72,6 +72,12 @@ def test_shipped_notebook_runs_headless(notebook):
         assert "injected-parameters" in tags[index + 1] and "procs = 3" in executed.cells[index + 1].source
         status = next(c for c in executed.cells if c.source.startswith("%monarch status"))
         assert "mesh main (gpus=3)" in status.outputs[0]["data"]["text/plain"]
+    if notebook.name == "09_torchtitan_jobs.ipynb":  # the registry job ran, healed a kill, validated
+        text = "".join(o.get("text", "") + o.get("data", {}).get("text/plain", "")
+                       for c in executed.cells if c.cell_type == "code" for o in c.outputs)
+        assert "from llama3 llama3_debugmodel: 2 replica groups" in text
+        assert "replica 1 rejoined at step" in text and "replicas bit-identical at step" in text
+        assert "held-out loss" in text and "activation_checkpoint='selective'" in text
     if notebook.name == "03_dashboard.ipynb":  # headless=True: a real run, a kill, its recovery, a stop
         widgets = executed.metadata["widgets"]["application/vnd.jupyter.widget-state+json"]["state"]
         values = [m["state"].get("value", "") for m in widgets.values() if m["model_name"] == "HTMLModel"]

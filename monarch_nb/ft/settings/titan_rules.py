@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+TITAN_DUMP_FOLDER = "./outputs"  # torchtitan's default dump_folder
 Rule = Callable[[Any, Any], "tuple[dict[str, Any], str]"]
 
 
@@ -151,6 +152,15 @@ def _validator(config: Any) -> tuple[dict[str, Any], str]:
                  "files only: give --validator.dataloader.dataset_path with a local copy")
 
 
+def _dump_folder(value: Any) -> tuple[dict[str, Any], str]:
+    """Where run directories go; torchtitan's default gives way to $MONARCH_NB_RUNS where that is set."""
+    import os
+
+    if value == TITAN_DUMP_FOLDER and os.environ.get("MONARCH_NB_RUNS"):
+        return {}, f"torchtitan's default; $MONARCH_NB_RUNS ({os.environ['MONARCH_NB_RUNS']}) is set and wins"
+    return {"runs_root": value}, f"runs_root = {value!r} (where run directories go)"
+
+
 def _norm(v: Any) -> Any:
     return tuple(v) if isinstance(v, (list, tuple)) else v
 
@@ -189,7 +199,7 @@ RULES: dict[str, Rule] = {
     else _refuse("decays over a fraction of the steps: give a decay_ratio from 0 to 1"),
     "lr_scheduler.decay_type": field("lr_decay_type"),
     "lr_scheduler.min_lr_factor": field("lr_min_factor"),
-    "dump_folder": field("runs_root", doc="where run directories go"),
+    "dump_folder": lambda v, c: _dump_folder(v),
     "hf_assets_path": lambda v, c: _tokenizer(v),
     "parallelism.data_parallel_shard_degree": lambda v, c: ({}, "group_size's default") if v == -1
     else field("group_size")(v, c),
