@@ -19,11 +19,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .flavors import FLAVOR_NAMES, has_experts, is_spec_name, model_spec
+from .flavors import FLAVOR_NAMES
 from .jobfile import read_job_file
 from .platform import PLATFORMS
 from .respawn import RespawnBackoff
 from .titan_parts import TitanParts
+from .trainer_checks import check_model, check_schedule, finite
 
 # Llama 3 flavours: torchtitan 0.3.0's (torchtitan.models.llama3.llama3_configs) and monarch_nb's
 # "small" and "medium" (monarch_nb/ft/settings/flavors.py), smallest first. Listed without importing
@@ -32,14 +33,6 @@ MODELS = FLAVOR_NAMES
 JOBS = ("local", "process", "slurm", "kubernetes")
 MAX_GROUPS = 64  # replica groups + spares of one run; beyond it, a typo is likelier than a plan
 HEAL_TRANSPORTS = ("striped", "http", "pg")
-
-
-def finite(value: int | float) -> bool:
-    """A number a float can hold and that is not NaN or infinite (a 400-digit int is not)."""
-    try:
-        return math.isfinite(value)
-    except OverflowError:
-        return False
 
 
 def is_loopback(host: str) -> bool:
@@ -495,29 +488,6 @@ def check_job_fields(config: "RunConfig") -> None:
     for name in ("partition", "time_limit"):
         if getattr(config, name) is not None:
             raise ValueError(f"{name}: only for job='slurm' (this run has job={config.job!r})")
-
-
-def check_model(name: Any) -> None:
-    """A Llama 3 flavour, or a torchtitan registry model ("MODULE/FLAVOR") whose module and flavour exist."""
-    if is_spec_name(name):
-        if has_experts(model_spec(name).model):
-            raise ValueError(f"model: {name} has mixture-of-experts layers; monarch_nb trains dense models")
-    elif name not in MODELS:
-        raise ValueError(f"model: unknown value {name!r}; allowed values: {', '.join(MODELS)}, or MODULE/FLAVOR "
-                         "of a torchtitan registry model (qwen3/debugmodel)")
-
-
-def check_schedule(config: "RunConfig") -> None:
-    """The lr decay and gradient clipping torchtitan's job form may set."""
-    if config.lr_decay_type not in ("linear", "sqrt", "cosine"):
-        raise ValueError(f"lr_decay_type: unknown value {config.lr_decay_type!r}; allowed values: linear, sqrt, cosine")
-    for name in ("lr_decay_ratio", "lr_min_factor"):
-        v = getattr(config, name)
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= 1:  # NaN fails too
-            raise ValueError(f"{name}: must be a number from 0 to 1, got {v!r}")
-    v = config.max_norm
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not finite(v) or v <= 0:
-        raise ValueError(f"max_norm: must be a positive finite number, got {v!r}")
 
 
 def kubernetes_spec(config: "RunConfig") -> Any:
