@@ -12,7 +12,6 @@ mapping of its sections and keys); ``help(RunConfig)`` documents every field.
 from __future__ import annotations
 
 import dataclasses
-import math
 import re
 import typing
 from dataclasses import dataclass, field
