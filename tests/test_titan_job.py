@@ -286,3 +286,15 @@ def test_the_field_tables_in_the_readme_and_docs_are_generated_from_the_rules():
     docs = (path.parent.parent / "docs" / "torchtitan_jobs.md").read_text()
     assert module.readme_table(rows) in readme and module.doc_table(rows) in docs, \
         "stale: run .venv/bin/python scripts/titan_fields.py"
+
+
+def test_a_users_own_registry_module_next_to_the_notebook_resolves(tmp_path, monkeypatch, capsys):
+    (tmp_path / "my_jobs_51.py").write_text(
+        "from torchtitan.models.llama3.config_registry import llama3_debugmodel\n\n\n"
+        "def tiny_job():\n    config = llama3_debugmodel()\n    config.training.steps = 7\n    return config\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr("sys.path", [p for p in __import__("sys").path if p not in ("", str(tmp_path))])
+    assert cli(["check-job", "--module", "my_jobs_51", "--config", "tiny_job"]) == 0
+    assert "  training.steps = 7  ->  steps = 7" in capsys.readouterr().out
+    assert cli(["check-job", "--module", "my_jobs_51", "--config", "nope"]) == 2
+    assert "Available config functions: ['llama3_debugmodel', 'tiny_job']" in capsys.readouterr().err

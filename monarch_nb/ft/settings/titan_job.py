@@ -58,6 +58,7 @@ def load(argv: Sequence[str]) -> Any:
     import re
 
     argv = list(argv)
+    _cwd_importable()
     told = io.StringIO()
     with warnings.catch_warnings(), _quiet(), contextlib.redirect_stderr(told), contextlib.redirect_stdout(told):
         warnings.simplefilter("ignore")
@@ -78,6 +79,16 @@ def load(argv: Sequence[str]) -> Any:
             raise ValueError(f"module: {text}") from None
         except ValueError as exc:
             raise ValueError(f"config: {exc}") from None
+
+
+def _cwd_importable() -> None:
+    """A user's own ``--module`` next to the notebook or the shell resolves, as under ``python -m``
+    (torchtitan's own launch): the working directory is on the import path."""
+    import os
+    import sys
+
+    if "" not in sys.path and os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
 
 
 def _shorthands() -> list[str]:
