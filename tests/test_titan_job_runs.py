@@ -66,6 +66,21 @@ def _processes_in(folder: Path) -> list[int]:
     return found
 
 
+def test_checkpoint_interval_and_a_model_only_last_save_from_the_shell(tmp_path):
+    cmd = [sys.executable, "-m", "monarch_nb.cli", "train", "--module", "llama3", "--config", "llama3_debugmodel",
+           "--training.steps", "6", *SMALL, "--checkpoint.enable", "--checkpoint.interval", "4",
+           "--checkpoint.last_save_model_only", "--replicas", "2", "--name", "ckpt", "--dump_folder", str(tmp_path)]
+    done = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    saved = {p.name: sum(f.stat().st_size for f in p.glob("*.distcp"))
+             for p in (tmp_path / "ckpt" / "checkpoints").glob("step-*")}
+    assert set(saved) == {"step-0000004", "step-0000006-model"}, saved  # the whole state at 4, weights at 6
+    assert saved["step-0000006-model"] < saved["step-0000004"] / 2  # AdamW keeps two moments per weight
+    from monarch_nb.ft.settings.checkpoint_format import latest_complete
+
+    assert latest_complete(tmp_path / "ckpt" / "checkpoints").step == 4, "a resume never picks the weights alone"
+
+
 def test_bad_input_from_the_shell_is_one_line_and_exit_2(tmp_path):
     cmd = [sys.executable, "-m", "monarch_nb.cli", "train", "--module", "llama3", "--config", "llama3_nope"]
     done = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=120)

@@ -43,6 +43,8 @@ class TitanParts:
         validation_path: its local folder; None: the tiny held-out corpus (``<data_dir>/validation``).
         fragment_update_alpha: torchft's streaming DiLoCo mix of a fragment's local and synced
             parameters (0: take the synced ones).
+        last_save_model_only: the run's final save holds the weights alone (``step-N-model``, which
+            no resume picks); False: the whole state, as every periodic save.
     """
 
     dataset: str | None = None
@@ -61,6 +63,7 @@ class TitanParts:
     validation_dataset: str | None = None
     validation_path: str | None = None
     fragment_update_alpha: float = 0.0
+    last_save_model_only: bool = False
 
     def validate(self) -> "TitanParts":
         if self.activation_checkpoint not in AC_MODES:
@@ -87,6 +90,8 @@ class TitanParts:
             value = getattr(self, name)
             if value is not None and (not isinstance(value, str) or not value):
                 raise ValueError(f"titan.{name}: must be a non-empty string or None, got {value!r}")
+        if not isinstance(self.last_save_model_only, bool):
+            raise ValueError(f"titan.last_save_model_only: must be True or False, got {self.last_save_model_only!r}")
         a = self.fragment_update_alpha
         if isinstance(a, bool) or not isinstance(a, (int, float)) or not 0 <= a <= 1:  # NaN fails too
             raise ValueError(f"titan.fragment_update_alpha: must be a number from 0 to 1, got {a!r}")

@@ -240,7 +240,10 @@ RULES: dict[str, Rule] = {
                                                         "optimizer, step); pass --checkpoint.no-initial-load-model-only")(v, c),
     "checkpoint.initial_load_in_hf": fixed(False, "loads its own (torch DCP) checkpoints, not HF weights"),
     "checkpoint.initial_load_in_hf_quantized": fixed(False, "loads its own (torch DCP) checkpoints, not HF weights"),
-    "checkpoint.last_save_model_only": fixed(False, "saves the whole state at the end (a resume needs it)"),
+    "checkpoint.last_save_model_only": lambda v, c: (
+        ({"titan.last_save_model_only": True}, "titan.last_save_model_only = True (the final save: weights only, "
+                                               "in step-N-model)") if v and c.checkpoint.enable
+        else ({}, "unused: checkpoint.enable is off" if v else "the final save holds the whole state")),
     "checkpoint.last_save_in_hf": fixed(False, "saves torch DCP checkpoints, not HF weights"),
     "checkpoint.export_dtype": fixed("float32", "saves in the training dtype"),
     "checkpoint.load_step": fixed(-1, "resumes from the newest complete checkpoint"),

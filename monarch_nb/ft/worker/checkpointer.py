@@ -156,15 +156,19 @@ class DurableCheckpointer:
         self._finish_if_done(wait=True)
         return None
 
-    def save_final(self, step: int, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    def save_final(self, step: int, extra: dict[str, Any] | None = None, model_only: bool = False) -> dict[str, Any]:
         """The run reached its last step: the state of ``step`` is written now, synchronously
         (after any periodic save still writing), unless a periodic save already holds it.
         Every rank of the group calls it. Returns the ``checkpoint_saved`` record (``saved``
-        False, and no event, when a periodic save already holds the step)."""
+        False, and no event, when a periodic save already holds the step). ``model_only`` (a
+        torchtitan job's ``last_save_model_only``): the weights alone, in ``step-N-model``, a
+        name no resume picks (it needs the whole state)."""
         self.close(timeout=None)
         path = step_dir(self.root, step)
         if (path / COMPLETE).exists():
             return {"step": step, "path": str(path), "saved": False, **(extra or {})}
+        if model_only:
+            path = path.with_name(path.name + "-model")
         import torch.distributed as dist
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint import FileSystemWriter
@@ -173,13 +177,15 @@ class DurableCheckpointer:
         t0 = time.time()
         path.mkdir(parents=True, exist_ok=True)
         state = self._state()
+        if model_only:
+            state = {"model": state["model"]}
         try:
             dcp.save(state, storage_writer=FileSystemWriter(str(path)), process_group=self._pg,
                      no_dist=not dist.is_initialized())
         except CheckpointException as exc:  # a BaseException (_save_errors): an error the caller can handle
             raise RuntimeError(f"the final save of step {step} to {path} failed: {save_error_text(exc)}") from exc
         if self.rank == 0:
-            mark_complete(path, self._meta(step), self.keep)
+            mark_complete(path, {**self._meta(step), "model_only": model_only}, self.keep)
         record = {"kind": "checkpoint_saved", "step": step, "rank": self.rank, "bytes": tensor_bytes(state),
                   "seconds": time.time() - t0, "stall": time.time() - t0, "path": str(path), "final": True,
                   "saved": True, **(extra or {}), "t": time.time()}

@@ -164,7 +164,9 @@ class ReplicaTrainer:
         the run's checkpoint folder (every rank of the saving group calls this; periodic
         checkpoints on or off). Returns the step, path and parameter digest of what is on disk."""
         saver = self.durable or self.state.checkpointer(0, self.emit)
-        return saver.save_final(self.current_step(), {"replica": self.replica, "digest": self.hashes()["params"]})
+        model_only = bool((self.cfg.get("titan") or {}).get("last_save_model_only"))
+        return saver.save_final(self.current_step(), {"replica": self.replica, "digest": self.hashes()["params"]},
+                                model_only=model_only)
 
     def listening(self) -> dict[str, int | None]:
         """The TCP ports this rank's torchft parts listen on (what ``ss -ltnp`` shows)."""
