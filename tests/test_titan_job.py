@@ -298,3 +298,11 @@ def test_a_users_own_registry_module_next_to_the_notebook_resolves(tmp_path, mon
     assert "  training.steps = 7  ->  steps = 7" in capsys.readouterr().out
     assert cli(["check-job", "--module", "my_jobs_51", "--config", "nope"]) == 2
     assert "Available config functions: ['llama3_debugmodel', 'tiny_job']" in capsys.readouterr().err
+
+
+def test_help_lists_torchtitans_fields_from_check_job_and_from_train(capsys):
+    assert cli(["check-job", "--module", "llama3", "--config", "llama3_debugmodel", "--help"]) == 0
+    assert "--training.steps" in capsys.readouterr().out
+    assert cli(["train", "--module", "llama3", "--config", "llama3_debugmodel", "--help"]) == 0
+    out = capsys.readouterr().out
+    assert "--replicas" in out and "--training.steps" in out  # ours, then torchtitan's
