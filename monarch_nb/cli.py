@@ -20,6 +20,8 @@ def main(argv: list[str] | None = None) -> int:
         code, text = convert(argv[1])
         print(text, file=sys.stderr if code else sys.stdout)
         return code
+    if argv[:1] == ["runs"] or argv[:1] == ["stop"]:
+        return _runs(argv)
     if argv[:1] == ["train"]:  # the flags of `%monarch train`, torchtitan's job form among them
         from .shell_train import main as train
 
@@ -45,6 +47,11 @@ def main(argv: list[str] | None = None) -> int:
     conv = sub.add_parser("convert-job", help="print a legacy TOML job (torchtitan up to 0.2) in torchtitan 0.3's "
                           "form: a config-registry function and `monarch-nb train` flags, checked to give the same run")
     conv.add_argument("toml", metavar="OLD.toml")
+
+    sub.add_parser("runs", help="the live named runs (started with --name: they outlive their kernel): name, step, "
+                   "groups, owner, age")
+    stop = sub.add_parser("stop", help="stop a live named run from a shell")
+    stop.add_argument("name")
 
     inst = sub.add_parser("install-kernel", help="install the Monarch kernelspec")
     inst.add_argument("--user", action="store_true", help="install for this user instead of this environment")
@@ -74,6 +81,31 @@ def main(argv: list[str] | None = None) -> int:
         print(f"monarch-nb: {exc}", file=sys.stderr)
         return 2
     print(f"monarch-nb: {args.notebook}: all cells ran" + (f"; wrote {args.output}" if args.output else ""))
+    return 0
+
+
+def _runs(argv: list[str]) -> int:
+    """``monarch-nb runs`` and ``monarch-nb stop NAME``: the live named runs, from a shell."""
+    from .ft.control.run_client import attach, live_runs
+
+    if argv[0] == "runs":
+        rows = live_runs()
+        for r in rows:
+            print(f"{r['name']}\tstep {r['step']}\t{r['groups']} groups\towner {r['owner']}\t"
+                  f"{r['age_s'] / 60:.1f} min\thost pid {r['pid']}")
+        if not rows:
+            print("no live named runs", file=sys.stderr)
+        return 0
+    if len(argv) != 2:
+        print("usage: monarch-nb stop NAME", file=sys.stderr)
+        return 2
+    try:
+        run = attach(argv[1])
+    except (ValueError, PermissionError) as exc:
+        print(f"monarch-nb stop: {exc}", file=sys.stderr)
+        return 2
+    print(run.stop())
+    run.detach()
     return 0
 
 

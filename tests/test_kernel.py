@@ -131,7 +131,7 @@ def test_a_kernel_killed_mid_run_leaves_no_process_and_a_readable_interrupted_ru
     km, client = kernel
     status, out = run(client, textwrap.dedent(f"""
         import json
-        %monarch train --replicas 2 --name killed-kernel
+        %monarch train --replicas 2 --name killed-kernel --attached
         run.wait_for_step(3, timeout=240)
         print("RUN" + json.dumps({{"dir": str(run.run_dir), "pids": run.spawned_pids + [run.lighthouse_pid]}}))
     """), timeout=300)
@@ -155,7 +155,7 @@ def test_a_kernel_shut_down_mid_run_stops_the_run_before_its_processes_are_signa
     km, client = kernel
     status, out = run(client, textwrap.dedent("""
         import json
-        %monarch train --replicas 2 --name shut-kernel
+        %monarch train --replicas 2 --name shut-kernel --attached
         run.wait_for_step(2, timeout=240)
         print("RUN" + json.dumps({"dir": str(run.run_dir), "pids": run.spawned_pids + [run.lighthouse_pid]}))
     """), timeout=300)

@@ -91,7 +91,7 @@ def test_post_mortem_reads_pdb_commands_from_the_notebook_input_box(kernel):
 
 def test_interrupting_a_wait_returns_at_once_and_the_run_keeps_training(kernel):
     km, client = kernel
-    status, out = run(client, "%monarch train --replicas 2 --name interrupted-wait", timeout=300)
+    status, out = run(client, "%monarch train --replicas 2 --name interrupted-wait --attached", timeout=300)
     assert status == "ok", out
     timer = threading.Timer(2.0, km.interrupt_kernel)
     timer.start()

@@ -40,7 +40,7 @@ from .train_magics import TrainingCommands, add_training_commands
 KILL_WAIT_S = 5.0  # how long %monarch kill waits for the signalled process to exit
 
 SUBCOMMANDS = ("up", "status", "down", "replace", "kill", "logs", "stacks", "debug", "train", "inject", "schedule",
-               "scale", "wait", "check", "restart", "stop", "dashboard")
+               "scale", "wait", "check", "restart", "stop", "dashboard", "attach", "runs")
 
 
 def _line_parser() -> MagicArgumentParser:
@@ -320,6 +320,12 @@ class MonarchMagics(Magics):
 
     def _cmd_dashboard(self, args: Any) -> None:
         display(self.training.dashboard())
+
+    def _cmd_attach(self, args: Any) -> None:
+        self.training.attach(args, self.shell)
+
+    def _cmd_runs(self, args: Any) -> None:
+        self.training.runs()
 
     # ---- cell ----------------------------------------------------------------------------
 

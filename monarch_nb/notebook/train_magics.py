@@ -73,7 +73,10 @@ def add_training_commands(sub: Any) -> None:
     train.add_argument("--backend", default=None, choices=["gloo", "nccl"],
                        help="collective backend (default: nccl on GPUs, gloo on CPU)")
     train.add_argument("--max-respawns", type=int, default=None)
-    train.add_argument("--name", default=None, help="run name (default: a timestamp)")
+    train.add_argument("--name", default=None, help="run name (default: a timestamp); a named run lives in a process "
+                       "of its own and outlives this kernel (%%monarch attach NAME from any kernel)")
+    train.add_argument("--attached", action="store_true",
+                       help="a named run that ends with this kernel, as unnamed ones do (quick experiments)")
     train.add_argument("--checkpoint-every", type=positive_int, default=None, metavar="K",
                        help="a durable checkpoint (torch DCP, asynchronous) every K committed steps")
     train.add_argument("--checkpoint-dir", default=None, help="where checkpoints go (default: in the run directory)")
@@ -154,6 +157,10 @@ def add_training_commands(sub: Any) -> None:
     restart.add_argument("--from-scratch", action="store_true", required=True,
                          help="required: says that the lost state is given up")
     sub.add_parser("stop", help="stop the fault-tolerant run (run.stop)")
+    attach = sub.add_parser("attach", help="attach this kernel to a live named run (FTRun.attach): its history, "
+                                           "dashboard and controls")
+    attach.add_argument("name", help="the run's name (%%monarch runs lists the live ones)")
+    sub.add_parser("runs", help="the live named runs: name, step, groups, owner, age (monarch-nb runs)")
     sub.add_parser("dashboard", help="live dashboard of the run (run.dashboard())")
 
 
@@ -176,8 +183,14 @@ class TrainingCommands:
     def train(self, args: argparse.Namespace, session: Session, shell: Any) -> FTRun:
         from ..ft import FTRun
 
-        if self.run is not None and not self.run.stopped:
+        if self.run is not None and not self.run.stopped and not getattr(self.run, "detached", False):
             raise UsageError(f"run {self.run.run_id} is still active; `%monarch stop` it first")
+        if args.name and not args.resume:
+            from ..ft.control.run_client import live_runs
+
+            if args.name in {r["name"] for r in live_runs()}:
+                raise UsageError(f"run {args.name!r} is live (it outlived a kernel, or another kernel started it): "
+                                 f"`%monarch attach {args.name}` gives it to this kernel")
         if args.resume:
             try:
                 run = FTRun.resume(args.resume, session=session, **resume_overrides(args))
@@ -188,6 +201,8 @@ class TrainingCommands:
             config = config_from_args(args)
         except (ValueError, TypeError) as exc:
             raise UsageError(str(exc)) from None
+        if args.name and not args.attached:  # a named run has a home of its own: it outlives this kernel
+            return self._started_detached(config, args, shell)
         try:
             run = FTRun(config, session=session)
         except ValueError as exc:
@@ -227,6 +242,58 @@ class TrainingCommands:
         print(f"run {run.run_id}{how}: {config.replicas} replica groups x {config.group_size} "
               f"process(es); events in {run.run_dir / 'events.jsonl'}; the run is `run` in this notebook")
         return run
+
+    def _started_detached(self, config: Any, args: argparse.Namespace, shell: Any) -> Any:
+        from ..ft.control.run_client import start_detached
+
+        t0 = time.monotonic()
+        try:
+            run = start_detached(config)
+        except ValueError as exc:
+            raise UsageError(f"%monarch train: {exc}") from None
+        self._adopt(run, shell)
+        print(f"run {run.run_id}: {config.replicas} replica groups x {config.group_size} process(es) training in a "
+              f"process of their own (pid {run.host_pid}; {time.monotonic() - t0:.1f} s): it outlives this kernel. "
+              f"`%monarch attach {run.run_id}` from any kernel; events in {run.run_dir / 'events.jsonl'}; the run is "
+              "`run` in this notebook")
+        return run
+
+    def _adopt(self, run: Any, shell: Any) -> None:
+        from .notices import watch_run
+
+        if self.run is not None and getattr(self.run, "detached", False) and self.run is not run:
+            self.run.detach()  # this kernel follows one run at a time; the other goes on
+        self.run = run
+        if shell is not None:
+            shell.user_ns["run"] = run
+        watch_run(run)
+
+    def attach(self, args: argparse.Namespace, shell: Any) -> Any:
+        from ..ft.control.run_client import attach
+
+        if self.run is not None and not self.run.stopped and not getattr(self.run, "detached", False):
+            raise UsageError(f"run {self.run.run_id} runs in this kernel; `%monarch stop` it before attaching another")
+        try:
+            run = attach(args.name)
+        except (ValueError, PermissionError) as exc:
+            raise UsageError(f"attach: {exc}") from None
+        self._adopt(run, shell)
+        steps = run.history().summary().get("committed_steps")
+        print(f"attached to run {run.run_id} (host pid {run.host_pid}): {len(run.events)} events replayed, "
+              f"{steps} steps committed; the run is `run` in this notebook")
+        return run
+
+    def runs(self) -> None:
+        from ..ft.control.run_client import live_runs
+
+        rows = live_runs()
+        if not rows:
+            print("no live named runs (a run started with `%monarch train --name NAME` lives until it is stopped)")
+            return
+        print(f"{'name':<28} {'step':>7} {'groups':>6}  {'owner':<10} {'age':>8}  host pid")
+        for r in rows:
+            print(f"{r['name']:<28} {r['step']:>7} {r['groups']:>6}  {str(r['owner']):<10} {r['age_s'] / 60:>6.1f} m  "
+                  f"{r['pid']}")
 
     def inject(self, args: argparse.Namespace) -> None:
         run = self.current()

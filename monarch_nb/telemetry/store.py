@@ -126,7 +126,7 @@ class EventStore:
                     continue
                 non_empty += 1
                 try:
-                    self._events.append(_parse_line(text))
+                    self._events.append(parse_line(text))
                 except ValueError as exc:
                     torn = not raw.endswith(b"\n") and isinstance(exc, _BadJson)
                     # A kernel killed mid-write can leave one torn last line.
@@ -326,7 +326,7 @@ class _BadJson(ValueError):
     """A line that does not parse as JSON (the one way a torn last line fails)."""
 
 
-def _parse_line(text: str) -> Event:
+def parse_line(text: str) -> Event:
     """One line as an event; ``ValueError`` with a short reason when it is none."""
     try:
         data = json.loads(text)

@@ -85,6 +85,13 @@ def claim_checkpoint_folder(place: RunPlace, cfg: RunConfig, resumed: bool) -> N
                          "pick a directory you can write") from None
 
 
+def recorded_fields(recorded: dict[str, Any]) -> dict[str, Any]:
+    """The RunConfig fields of a run's recorded config (``run_started``), older names read under
+    their names now; what the controller added for its workers (``run_dir``, ...) is left out."""
+    fields = {f.name for f in dataclasses.fields(RunConfig)}
+    return {k: v for k, v in current_names(recorded).items() if k in fields}
+
+
 def resume_point(run_dir: str | Path, overrides: dict[str, Any]) -> tuple[RunConfig, Path, CheckpointInfo]:
     """``FTRun.resume``'s checks: the run's directory and log, its saved config with
     ``overrides`` applied, and its own newest complete checkpoint, written for this model."""
@@ -99,9 +106,7 @@ def resume_point(run_dir: str | Path, overrides: dict[str, Any]) -> tuple[RunCon
     if overrides.get("resume_from"):
         raise ValueError("resume_from: FTRun.resume continues a run from its own checkpoints; to start a new "
                          "run from another run's checkpoint, pass resume_from to a new FTRun instead")
-    fields = {f.name for f in dataclasses.fields(RunConfig)}
-    recorded = current_names(started[-1].config)  # type: ignore[attr-defined]  # older field names too
-    saved = {k: v for k, v in recorded.items() if k in fields}
+    saved = recorded_fields(started[-1].config)  # type: ignore[attr-defined]
     saved.update(overrides, resume_from=None)  # where it started from is history now
     cfg = RunConfig.from_dict(saved)
     root = checkpoint_root(cfg.checkpoint_dir, run_dir)

@@ -43,6 +43,7 @@ from .ladder import communicator_at_once
 from .lighthouse import Lighthouse
 from .opening import claim_checkpoint_folder, new_run, resume_point, resumed_run
 from .placement import placement_for
+from .run_client import RunClient, attach, start_detached
 from .plain_rendezvous import PlainRendezvous
 from .scaling import Scaler
 from .stopping import SAVE_DEADLINE_MIN_S, ShownView, StopReport, StopSequence, save_deadline
@@ -60,15 +61,10 @@ class FTRun:
 
     Example::
 
-        run = FTRun(RunConfig(replicas=3, group_size=1)).start()   # Lighthouse + 3 groups
-        run.wait_for_step(10)
-        run.inject("kill", replica=1)                  # also: rank=, at_step=N, after_s=S
-        run.wait_for(lambda e: e.kind == "rejoined")   # block until the victim is back
-        run.schedule(every=30, kinds=["kill", "exception", "comms"], seed=0)
-        run.check_identical()                          # -> ReplicasIdentical event
-        run.history().recoveries()                     # per-failure phases and figures
-        run.stop()                                     # no process left behind
-        open_run(run.run_dir)                          # later, from events.jsonl alone
+        run = FTRun(RunConfig(replicas=3)).start()     # Lighthouse + 3 groups, in this kernel
+        run.inject("kill", replica=1); run.wait_for(lambda e: e.kind == "rejoined")
+        run.check_identical(); run.history().recoveries(); run.stop()
+        FTRun.detached(RunConfig(run_name="keep")); FTRun.attach("keep")   # a run that outlives it
 
     Args:
         config: what to run: a :class:`RunConfig`, or torchtitan 0.3's ``Trainer.Config`` (as a config
@@ -161,6 +157,16 @@ class FTRun:
         cfg, run_dir, checkpoint = resume_point(run_dir, overrides)
         return cls(cfg, session=session, _resume=(run_dir, checkpoint))
 
+    @staticmethod
+    def detached(config: RunConfig | None = None, **overrides: Any) -> RunClient:
+        """This run in a process of its own that outlives the kernel (``run_client.py``)."""
+        return start_detached((config or RunConfig()).replace(**overrides).validate())
+
+    @staticmethod
+    def attach(name: str, runs_root: str | None = None) -> RunClient:
+        """A live detached run, with FTRun's API, in this kernel (``run_client.attach``)."""
+        return attach(name, runs_root)
+
     def history(self) -> RunHistory:
         return RunHistory(self.events, self.run_dir)
 
@@ -171,23 +177,16 @@ class FTRun:
         """Every worker's output, one file per group and rank (``replica1-rank0.log``)."""
         return self.run_dir / "logs"
 
-    def _group(self, replica: int) -> ReplicaGroup:
-        g = self.groups.by_name(f"replica{replica}") if isinstance(replica, int) else None
-        if g is None:
-            known = ", ".join(str(x.index) for x in self.groups) or "none"
-            raise ValueError(f"replica: {replica!r} is not a replica group of run {self.run_id}; groups: {known}")
-        return g
-
     def logs(self, replica: int | None = None, rank: int | None = None, grep: str | None = None,
              tail: int = 40) -> worker_logs.LogView:
         """The workers' log lines (of one group and rank, containing ``grep``), aggregated; the
         full text is in ``log_dir``."""
-        mesh = self._group(replica).name if replica is not None else None
+        mesh = group_of(self.groups, replica, self.run_id).name if replica is not None else None
         return worker_logs.view(self.log_dir, mesh, rank, grep, tail)
 
     def stacks(self, replica: int, ranks: list[int] | None = None) -> list[Stack]:
         """The Python stacks of a group's ranks (``Session.stacks``; py-spy from outside)."""
-        g = self._group(replica)
+        g = group_of(self.groups, replica, self.run_id)
         if self._session is None or g.state in (STOPPED, GAVE_UP, RETIRED) or g.name not in self._session.meshes:
             raise ValueError(f"replica: group {replica} has no live processes (it is {g.state}); "
                              f"its output is in {self.log_dir}")
@@ -405,6 +404,14 @@ class FTRun:
     def __repr__(self) -> str:
         states = ", ".join(f"{g.name}={g.state}@{g.step}" for g in self.groups)
         return f"FTRun({self.run_id}: {states})"
+
+
+def group_of(groups: GroupTable, replica: int, run_id: str) -> ReplicaGroup:
+    g = groups.by_name(f"replica{replica}") if isinstance(replica, int) else None
+    if g is None:
+        known = ", ".join(str(x.index) for x in groups) or "none"
+        raise ValueError(f"replica: {replica!r} is not a replica group of run {run_id}; groups: {known}")
+    return g
 
 
 def open_run(path: str | Path) -> RunHistory:
