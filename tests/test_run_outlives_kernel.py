@@ -96,5 +96,31 @@ def test_a_named_run_outlives_a_kernel_restart_and_a_new_kernel_attaches_heals_a
         assert status == "error" and "is not live" in out and "open_run" in out, out
     finally:
         events.close()
-        for pid in processes_of("keep"):  # a failed test leaves nothing either
-            os.kill(pid, 9)
+        for pid in processes_of("keep") + [info["host"]]:  # a failed test leaves nothing either
+            try:
+                os.kill(pid, 9)
+            except ProcessLookupError:
+                pass
+
+
+def test_a_run_whose_own_host_dies_releases_its_workers_and_says_how_to_resume(tmp_path):
+    from monarch_nb.ft import FTRun, RunConfig
+
+    run = FTRun.detached(RunConfig(replicas=2, model="tiny", run_name="orphan", runs_root=str(tmp_path),
+                                   checkpoint_every=2))
+    try:
+        run.wait_for_step(4, timeout=120)
+        started = processes_of("orphan")  # what the host started carries the run's id: Lighthouse, workers
+        assert len(started) >= 3, started
+        os.kill(run.host_pid, 9)  # the run's controller itself dies
+        wait_for(lambda: not processes_of("orphan"), 30, "the reaper to release the run's processes")
+        assert not live_runs(tmp_path)
+        with pytest.raises(ValueError, match=r"host \(pid \d+\) is gone.*%monarch train --resume"):
+            FTRun.attach("orphan", tmp_path)
+    finally:
+        run.detach()
+        for pid in processes_of("orphan") + [run.host_pid]:
+            try:
+                os.kill(pid, 9)
+            except ProcessLookupError:
+                pass
