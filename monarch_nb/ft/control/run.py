@@ -23,9 +23,9 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
-from ... import lifetime, views, worker_logs
+from ... import lifetime, views
 from ...telemetry import EventStore
-from ...telemetry.events import Event, ReplicasIdentical, RestartedFromScratch, RunStarted, Scaled, Step
+from ...telemetry.events import ReplicasIdentical, RestartedFromScratch, RunStarted, Scaled
 from ..record.history import RunHistory
 from ..record.ingest import EventIngest
 from ..settings.checkpoint_format import CheckpointInfo
@@ -43,6 +43,7 @@ from .ladder import communicator_at_once
 from .lighthouse import Lighthouse
 from .opening import claim_checkpoint_folder, new_run, resume_point, resumed_run
 from .placement import placement_for
+from .run_log import FromTheLog
 from .run_client import RunClient, attach, start_detached
 from .plain_rendezvous import PlainRendezvous
 from .scaling import Scaler
@@ -56,7 +57,7 @@ if TYPE_CHECKING:
 __all__ = ["FTRun", "SAVE_DEADLINE_MIN_S", "StopReport", "open_run", "save_deadline"]
 
 
-class FTRun:
+class FTRun(FromTheLog):
     """A fault-tolerant run; see the module docstring.
 
     Example::
@@ -166,23 +167,6 @@ class FTRun:
     def attach(name: str, runs_root: str | None = None) -> RunClient:
         """A live detached run, with FTRun's API, in this kernel (``run_client.attach``)."""
         return attach(name, runs_root)
-
-    def history(self) -> RunHistory:
-        return RunHistory(self.events, self.run_dir)
-
-    # ---- seeing inside the workers ----------------------------------------------------------
-
-    @property
-    def log_dir(self) -> Path:
-        """Every worker's output, one file per group and rank (``replica1-rank0.log``)."""
-        return self.run_dir / "logs"
-
-    def logs(self, replica: int | None = None, rank: int | None = None, grep: str | None = None,
-             tail: int = 40) -> worker_logs.LogView:
-        """The workers' log lines (of one group and rank, containing ``grep``), aggregated; the
-        full text is in ``log_dir``."""
-        mesh = group_of(self.groups, replica, self.run_id).name if replica is not None else None
-        return worker_logs.view(self.log_dir, mesh, rank, grep, tail)
 
     def stacks(self, replica: int, ranks: list[int] | None = None) -> list[Stack]:
         """The Python stacks of a group's ranks (``Session.stacks``; py-spy from outside)."""
@@ -339,29 +323,6 @@ class FTRun:
             return None
         return self.events.wait_for(lambda e: isinstance(e, ReplicasIdentical) and e.step == target,
                                     timeout=timeout, what=f"an identity verdict at step {target}")  # type: ignore[return-value]
-
-    # ---- waiting ----------------------------------------------------------------------
-
-    def wait_for(self, predicate: Callable[[Event], bool], timeout: float = 60.0, *, since: float | None = None,
-                 what: str | None = None) -> Event:
-        """Block until an event satisfying ``predicate`` (recorded at or after ``since``; default: this
-        FTRun's start, so a resumed run's older events never answer) exists; a ``TimeoutError``
-        names ``what`` (default: the predicate's source) and the last events."""
-        since = (self.started_t or 0.0) if since is None else since
-        return self.events.wait_for(predicate, timeout, since=since, what=what)
-
-    def wait_for_step(self, step: int, replicas: list[int] | None = None, timeout: float = 120.0) -> None:
-        """Block until the given groups committed ``step``; by default every live group (the
-        retired and given-up ones are no longer part of the run)."""
-        want = set(replicas if replicas is not None else [g.index for g in self.groups.live()])
-        done: set[int] = set()
-
-        def pred(e: Event) -> bool:
-            if isinstance(e, Step) and e.committed and e.step >= step and e.replica in want:
-                done.add(e.replica)
-            return done >= want
-
-        self.events.wait_for(pred, timeout, since=self.started_t or 0.0, what=f"step {step} committed by groups {sorted(want)}")
 
     # ---- stop -------------------------------------------------------------------------
 

@@ -18,15 +18,15 @@ import threading
 import time
 from multiprocessing.connection import Client
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from ... import views
-from ...telemetry.events import Event, RunStarted, RunStopped, Step
+from ...telemetry.events import RunStarted, RunStopped
 from ...telemetry.follow import follow
-from ..record.history import RunHistory
 from ..settings.config import RunConfig
 from .groups import GAVE_UP, RETIRED, RETIRING, TERMINAL
 from .opening import recorded_fields
+from .run_log import FromTheLog
 
 CONTROL_DIR = ".control"  # in the run directory: the socket, the token, and who hosts the run (run_host.py)
 SOCKET, TOKEN, HOST = "control.sock", "control.token", "host.json"
@@ -67,7 +67,7 @@ class GroupsView:
         return self.groups[index]
 
 
-class RunClient:
+class RunClient(FromTheLog):
     """A detached run, driven from this kernel. ``detach()`` lets go of it (the run goes on)."""
 
     def __init__(self, run_dir: Path, host: dict[str, Any]) -> None:
@@ -162,37 +162,6 @@ class RunClient:
     @property
     def groups(self) -> GroupsView:
         return GroupsView(self.status())
-
-    def history(self) -> RunHistory:
-        return RunHistory(self.events, self.run_dir)
-
-    @property
-    def log_dir(self) -> Path:
-        return self.run_dir / "logs"
-
-    def logs(self, replica: int | None = None, rank: int | None = None, grep: str | None = None,
-             tail: int = 40) -> Any:
-        """The workers' log lines, read from the run's log files (as FTRun.logs)."""
-        from ... import worker_logs
-
-        return worker_logs.view(self.log_dir, f"replica{replica}" if replica is not None else None, rank, grep, tail)
-
-    def wait_for(self, predicate: Callable[[Event], bool], timeout: float = 60.0, *, since: float | None = None,
-                 what: str | None = None) -> Event:
-        since = (self.started_t or 0.0) if since is None else since
-        return self.events.wait_for(predicate, timeout, since=since, what=what)
-
-    def wait_for_step(self, step: int, replicas: list[int] | None = None, timeout: float = 120.0) -> None:
-        want = set(replicas if replicas is not None else [g.index for g in self.groups.live()])
-        done: set[int] = set()
-
-        def pred(e: Event) -> bool:
-            if isinstance(e, Step) and e.committed and e.step >= step and e.replica in want:
-                done.add(e.replica)
-            return done >= want
-
-        self.events.wait_for(pred, timeout, since=self.started_t or 0.0,
-                             what=f"step {step} committed by groups {sorted(want)}")
 
     def dashboard(self) -> Any:
         if self._dashboard is None or self._dashboard.closed:

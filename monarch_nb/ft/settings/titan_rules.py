@@ -36,6 +36,13 @@ def fixed(expected: Any, what: str) -> Rule:
     return rule
 
 
+def part_of(switch: str, where: str = "") -> Rule:
+    """A setting the leaf ``switch`` reads as a whole when it is on (its rule applies them together)."""
+    def rule(value: Any, config: Any) -> tuple[dict[str, Any], str]:
+        return ({}, f"with {switch}{where}") if get_path(config, switch) else ({}, f"unused: {switch} is off")
+    return rule
+
+
 def when_off(flag: str, what: str) -> Rule:
     """A setting of a feature monarch_nb does not have: any value while ``flag`` is off."""
     def rule(value: Any, config: Any) -> tuple[dict[str, Any], str]:
@@ -267,14 +274,10 @@ RULES: dict[str, Rule] = {
     "metrics.disable_color_printing": lambda v, c: ({}, "unused: monarch_nb does not print torchtitan's log"),
     "profiler.enable_profiling": lambda v, c: _profiler(c) if v else ({}, "no torch profiler (py-spy stacks: "
                                                                        "run.stacks())"),
-    "profiler.profile_freq": lambda v, c: ({}, "with enable_profiling") if c.profiler.enable_profiling
-    else ({}, "unused: profiler.enable_profiling is off"),
-    "profiler.profiler_active": lambda v, c: ({}, "with enable_profiling") if c.profiler.enable_profiling
-    else ({}, "unused: profiler.enable_profiling is off"),
-    "profiler.profiler_warmup": lambda v, c: ({}, "with enable_profiling") if c.profiler.enable_profiling
-    else ({}, "unused: profiler.enable_profiling is off"),
-    "profiler.save_traces_folder": lambda v, c: ({}, "with enable_profiling, under the run's directory")
-    if c.profiler.enable_profiling else ({}, "unused: profiler.enable_profiling is off"),
+    "profiler.profile_freq": part_of("profiler.enable_profiling"),
+    "profiler.profiler_active": part_of("profiler.enable_profiling"),
+    "profiler.profiler_warmup": part_of("profiler.enable_profiling"),
+    "profiler.save_traces_folder": part_of("profiler.enable_profiling", ", under the run's directory"),
     "profiler.profiler_repeat": fixed(None, "profiles every profile_freq steps until the run ends"),
     "profiler.profiler_skip_first": fixed(None, "profiles from the first step"),
     "profiler.profiler_skip_first_wait": fixed(None, "profiles from the first step"),
@@ -287,14 +290,10 @@ RULES: dict[str, Rule] = {
     "profiler.enable_memory_snapshot": fixed(False, "takes no CUDA memory snapshots"),
     "compile.enable": fixed(False, "does not torch.compile"),
     "validator.enable": lambda v, c: _validator(c) if v else ({}, "no validator"),
-    "validator.freq": lambda v, c: ({}, "with validator.enable") if c.validator.enable
-    else ({}, "unused: validator.enable is off"),
-    "validator.steps": lambda v, c: ({}, "with validator.enable") if c.validator.enable
-    else ({}, "unused: validator.enable is off"),
-    "validator.dataloader.dataset": lambda v, c: ({}, "with validator.enable") if c.validator.enable
-    else ({}, "unused: validator.enable is off"),
-    "validator.dataloader.dataset_path": lambda v, c: ({}, "with validator.enable") if c.validator.enable
-    else ({}, "unused: validator.enable is off"),
+    "validator.freq": part_of("validator.enable"),
+    "validator.steps": part_of("validator.enable"),
+    "validator.dataloader.dataset": part_of("validator.enable"),
+    "validator.dataloader.dataset_path": part_of("validator.enable"),
     "validator.dataloader.num_workers": fixed(0, "loads validation batches in the training thread"),
     "validator.dataloader.persistent_workers": fixed(False, "loads validation batches in the training thread"),
     "validator.dataloader.pin_memory": fixed(False, "loads validation batches in the training thread"),
