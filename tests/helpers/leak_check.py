@@ -121,14 +121,27 @@ def _listening() -> dict[str, str]:
 
 def _jobs() -> dict[str, str]:
     """Our SLURM jobs ("monarch_nb-" names); none when SLURM is not installed or does not answer."""
-    if shutil.which("squeue") is None:
-        return {}
+    if shutil.which("squeue") is None or not _slurmctld_runs():
+        return {}  # squeue waits ~4 s for a controller that is configured but down (after ./run.sh slurm down)
     try:
         out = subprocess.run(["squeue", "-h", "-o", "%i %j"], capture_output=True, text=True, timeout=10)
     except (OSError, subprocess.SubprocessError):
         return {}
     lines = [ln.strip() for ln in out.stdout.splitlines() if "monarch_nb-" in ln]
     return {ln.split()[0]: ln for ln in lines}
+
+
+def _slurmctld_runs() -> bool:
+    """A slurmctld process is alive on this machine (the project's SLURM cluster is local)."""
+    from pathlib import Path
+
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and (proc / "comm").read_text().strip() == "slurmctld":
+                return True
+        except OSError:
+            continue
+    return False
 
 
 @dataclass
