@@ -33,14 +33,10 @@ class HeldOut:
         self.batches = available if wanted < 0 else wanted  # -1: one pass over the set, as torchtitan
 
     def _batch(self, i: int) -> tuple[Any, Any]:
-        import torch
-
         p = self.parts
         usable = self.inputs.numel() - p.seq_len
         starts = [((i * p.batch_size + b) * p.seq_len) % max(usable, 1) for b in range(p.batch_size)]
-        x = torch.stack([self.inputs[s:s + p.seq_len] for s in starts]).to(p.device)
-        y = torch.stack([self.labels[s:s + p.seq_len] for s in starts]).to(p.device)
-        return x, y
+        return p.windows(self.inputs, self.labels, starts)
 
     def after(self, record: dict[str, Any]) -> dict[str, Any] | None:
         """The ``validated`` event when ``record`` committed a step the validator is due at."""

@@ -246,8 +246,6 @@ class RankParts:
     def batch(self, step: int, replica: int, micro: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
         """The (inputs, labels) of ``step``'s microbatch ``micro`` for ``replica`` and this rank: a
         pure function (with one microbatch, the step's whole batch)."""
-        import torch
-
         replicas = int(self.cfg.get("replicas", 1))
         lanes = replicas * self.group_size
         lane = replica * self.group_size + self.rank
@@ -255,8 +253,14 @@ class RankParts:
         rows = self.batch_size * self.microbatches
         starts = [(((step * lanes + lane) * rows + b) * (self.seq_len + 1) * 7919) % usable
                   for b in range(micro * self.batch_size, (micro + 1) * self.batch_size)]
-        x = torch.stack([self.inputs[s:s + self.seq_len] for s in starts]).to(self.device)
-        y = torch.stack([self.labels[s:s + self.seq_len] for s in starts]).to(self.device)
+        return self.windows(self.inputs, self.labels, starts)
+
+    def windows(self, inputs: torch.Tensor, labels: torch.Tensor, starts: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """(inputs, labels) of ``seq_len`` tokens from each start, stacked on this rank's device."""
+        import torch
+
+        x = torch.stack([inputs[s:s + self.seq_len] for s in starts]).to(self.device)
+        y = torch.stack([labels[s:s + self.seq_len] for s in starts]).to(self.device)
         return x, y
 
     def named_parameters(self) -> list[tuple[str, torch.nn.Parameter]]:
