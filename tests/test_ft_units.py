@@ -724,6 +724,32 @@ def test_an_identity_check_moves_ahead_when_fast_steps_outran_the_controllers_vi
     assert IdentityChecks(1, emitted.append).request([(0, 1), (1, 1)], lambda r, s: False) is None
 
 
+def test_two_checks_aimed_at_one_step_share_it_and_one_unanswered_ask_leaves_no_group_out():
+    """A rejoin starts its own check and the user's check_identical right after it aims at the same
+    meeting step. The second replaced the first's pending check, and the first's unanswered ask
+    (a busy host, 5 s) then took a healthy group out of the second's: CI saw a verdict of 2 of 3."""
+    from monarch_nb.ft.control.identity import IdentityChecks
+    from monarch_nb.ft.record.ingest import HashReport
+
+    emitted = []
+    checks = IdentityChecks(group_size=1, emit=emitted.append, every=10)  # semi-sync: meetings every 10
+    groups = [(0, 72), (1, 70), (2, 72)]
+    assert checks.request(groups, lambda r, s: None if r == 2 else True) == 80  # group 2 slow to answer
+    checks.record(HashReport(replica=0, rank=0, step=80, params="p", optim="o"))
+    assert checks.request(groups, lambda r, s: True) == 80  # the same step: joined, group 0's report kept
+    for r in (1, 2):
+        checks.record(HashReport(replica=r, rank=0, step=80, params="p", optim="o"))
+    assert [(e.step, sorted(e.hashes)) for e in emitted] == [(80, ["replica0/rank0", "replica1/rank0",
+                                                                   "replica2/rank0"])]
+    # in the other order, a later unanswered ask does not undo an earlier armed one
+    emitted.clear()
+    assert checks.request([(0, 82), (1, 82), (2, 82)], lambda r, s: True) == 90
+    assert checks.request([(0, 82), (1, 82), (2, 82)], lambda r, s: None if r == 2 else True) == 90
+    for r in (0, 1, 2):
+        checks.record(HashReport(replica=r, rank=0, step=90, params="p", optim="o"))
+    assert [len(e.hashes) for e in emitted] == [3]
+
+
 def test_an_identity_check_asks_every_group_at_once():
     """Asked one after another, 32 groups answering ~1 s each on a busy host outran the steps the
     check aimed ahead, and no check completed at R = 32. Every ask must be in flight together:

@@ -39,6 +39,7 @@ def _ask_all(replicas: list[int], target: int, ask: Callable[[int, int], bool | 
 class _Pending:
     expected: set[tuple[int, int]]
     got: dict[tuple[int, int], tuple[str, str]] = field(default_factory=dict)
+    armed: set[int] = field(default_factory=set)  # groups some request armed for this step
 
 
 class IdentityChecks:
@@ -51,6 +52,7 @@ class IdentityChecks:
         self.every = every
         self._emit = emit
         self._lock = threading.Lock()
+        self._requesting = threading.Lock()  # one request at a time: two may aim at one step
         self._pending: dict[int, _Pending] = {}
 
     def request(self, groups: Iterable[tuple[int, int]], ask: Callable[[int, int], bool | None],
@@ -64,23 +66,35 @@ class IdentityChecks:
         groups = list(groups)
         if len(groups) < 2 or self.every is None:
             return None
+        with self._requesting:
+            return self._request(groups, ask, ahead, attempts)
+
+    def _request(self, groups: list[tuple[int, int]], ask: Callable[[int, int], bool | None], ahead: int,
+                 attempts: int) -> int | None:
+        """A check already waiting at the same step is joined, not replaced: a rejoin's own check
+        and the user's ``check_identical`` right after it both aim at the next meeting, and the
+        second used to drop the first's reports and have its unanswered asks leave healthy groups
+        out (CI, 2026-12-06: a verdict of two groups out of three)."""
         base = max(step for _, step in groups)
         for _ in range(attempts):
             target = -(-(base + ahead) // self.every) * self.every  # the next step the groups meet at
             with self._lock:
-                self._pending[target] = _Pending({(r, k) for r, _ in groups for k in range(self.group_size)})
+                pending = self._pending.setdefault(target, _Pending(set()))
+                pending.expected |= {(r, k) for r, _ in groups for k in range(self.group_size)} - set(pending.got)
             answers = _ask_all([replica for replica, _ in groups], target, ask)
             if False not in answers.values():
                 break
             with self._lock:  # a group is already past it: this target can never complete
-                self._pending.pop(target, None)
+                if self._pending.get(target) is pending:
+                    del self._pending[target]
             base, ahead = target, ahead * 4
         else:
             return None
         with self._lock:
+            pending.armed |= {replica for replica, answer in answers.items() if answer}
             for replica, answer in answers.items():
-                if answer is None:
-                    self._pending[target].expected -= {(replica, k) for k in range(self.group_size)}
+                if answer is None and replica not in pending.armed:
+                    pending.expected -= {(replica, k) for k in range(self.group_size)}
         self._maybe_complete(target)
         return target
 
