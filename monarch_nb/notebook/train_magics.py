@@ -192,7 +192,11 @@ class TrainingCommands:
                 raise UsageError(f"run {args.name!r} is live (it outlived a kernel, or another kernel started it): "
                                  f"`%monarch attach {args.name}` gives it to this kernel")
         if args.resume:
+            from ..ft.control.run_client import had_a_host
+
             try:
+                if had_a_host(args.resume) and not args.attached:  # it resumes where it lived: a home of its own
+                    return self._started_detached(None, args, shell)
                 run = FTRun.resume(args.resume, session=session, **resume_overrides(args))
             except (ValueError, TypeError) as exc:
                 raise UsageError(str(exc)) from None
@@ -244,18 +248,21 @@ class TrainingCommands:
         return run
 
     def _started_detached(self, config: Any, args: argparse.Namespace, shell: Any) -> Any:
-        from ..ft.control.run_client import start_detached
+        """``config``'s run, or (None) ``--resume``'s, in a host process of its own."""
+        from ..ft.control.run_client import resume_detached, start_detached
 
         t0 = time.monotonic()
         try:
-            run = start_detached(config)
+            run = start_detached(config) if config is not None else resume_detached(args.resume,
+                                                                                   **resume_overrides(args))
         except ValueError as exc:
             raise UsageError(f"%monarch train: {exc}") from None
         self._adopt(run, shell)
-        print(f"run {run.run_id}: {config.replicas} replica groups x {config.group_size} process(es) training in a "
-              f"process of their own (pid {run.host_pid}; {time.monotonic() - t0:.1f} s): it outlives this kernel. "
-              f"`%monarch attach {run.run_id}` from any kernel; events in {run.run_dir / 'events.jsonl'}; the run is "
-              "`run` in this notebook")
+        how = f" resumed from step {run.resumed_step}," if config is None else ""
+        print(f"run {run.run_id}:{how} {run.config.replicas} replica groups x {run.config.group_size} process(es) "
+              f"training in a process of their own (pid {run.host_pid}; {time.monotonic() - t0:.1f} s): it outlives "
+              f"this kernel. `%monarch attach {run.run_id}` from any kernel; events in "
+              f"{run.run_dir / 'events.jsonl'}; the run is `run` in this notebook")
         return run
 
     def _adopt(self, run: Any, shell: Any) -> None:

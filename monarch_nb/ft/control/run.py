@@ -44,7 +44,7 @@ from .lighthouse import Lighthouse
 from .opening import claim_checkpoint_folder, new_run, resume_point, resumed_run
 from .placement import placement_for
 from .run_log import FromTheLog
-from .run_client import RunClient, attach, start_detached
+from .run_client import RunClient, attach, resume_detached, start_detached
 from .plain_rendezvous import PlainRendezvous
 from .scaling import Scaler
 from .stopping import SAVE_DEADLINE_MIN_S, ShownView, StopReport, StopSequence, save_deadline
@@ -162,6 +162,11 @@ class FTRun(FromTheLog):
     def detached(config: RunConfig | None = None, **overrides: Any) -> RunClient:
         """This run in a process of its own that outlives the kernel (``run_client.py``)."""
         return start_detached((config or RunConfig()).replace(**overrides).validate())
+
+    @staticmethod
+    def resume_detached(run_dir: str | Path, **overrides: Any) -> RunClient:
+        """``resume`` in a process of its own that outlives the kernel (``run_client.py``)."""
+        return resume_detached(run_dir, **overrides)
 
     @staticmethod
     def attach(name: str, runs_root: str | None = None) -> RunClient:

@@ -80,6 +80,7 @@ class RunClient(FromTheLog):
         self.started_t: float | None = host.get("started_t")
         self.resume_from = None
         self.resume_source = None
+        self.resumed_step: int | None = host.get("resumed_step")  # the checkpoint a resume began from
         self.detached = True
         self._dashboard: Any = None
 
@@ -138,7 +139,7 @@ class RunClient(FromTheLog):
             report = self._call("stop", reason, save_timeout=save_timeout)
         except RuntimeError:
             report = None  # stopped meanwhile (another kernel's stop): its RunStopped is in the log
-        self.events.wait_for(lambda e: isinstance(e, RunStopped), timeout=60, what="the run's stop")
+        self.wait_for(lambda e: isinstance(e, RunStopped), timeout=60, what="the run's stop")
         _wait_gone(self.host_pid, 30.0)
         return report
 
@@ -146,7 +147,8 @@ class RunClient(FromTheLog):
 
     @property
     def stopped(self) -> bool:
-        return bool(self.events.recent(RunStopped)) or not _alive(self.host_pid)
+        since = self.started_t or 0.0  # a resumed run's log also holds the stop before its resume
+        return any(e.t >= since for e in self.events.recent(RunStopped)) or not _alive(self.host_pid)
 
     @property
     def lighthouse(self) -> Any:
@@ -178,26 +180,48 @@ class RunClient(FromTheLog):
 
 def start_detached(config: RunConfig, timeout: float | None = None) -> RunClient:
     """Start ``config``'s run in a host process of its own; returns once its groups train."""
-    runs = Path(config.runs_root or os.environ.get("MONARCH_NB_RUNS") or "runs")
+    return _host(config.to_dict(), config.runs_root,
+                 timeout if timeout is not None else config.init_timeout_s + 120)
+
+
+def resume_detached(run_dir: str | Path, timeout: float | None = None, **overrides: Any) -> RunClient:
+    """``FTRun.resume(run_dir, **overrides)`` in a host process of its own: a run whose host died (or
+    that was stopped) continues from its newest checkpoint and outlives this kernel again."""
+    run_dir = Path(run_dir).resolve()
+    if run_dir.name in {r["name"] for r in live_runs(run_dir.parent)}:
+        raise ValueError(f"run {run_dir.name!r} is live; `%monarch attach {run_dir.name}` gives it to this kernel")
+    init = overrides.get("init_timeout_s") or 300.0
+    return _host({"resume": str(run_dir), "overrides": overrides}, str(run_dir.parent),
+                 timeout if timeout is not None else init + 120)
+
+
+def _host(asked: dict[str, Any], runs_root: str | None, timeout: float) -> RunClient:
+    """Start ``run_host`` with what it is asked to run; its one-line answer says where the run lives."""
+    runs = Path(runs_root or os.environ.get("MONARCH_NB_RUNS") or "runs")
     runs.mkdir(parents=True, exist_ok=True)
     log = open(runs / f".host-{os.getpid()}-{time.time_ns()}.log", "wb")
     proc = subprocess.Popen([sys.executable, "-m", "monarch_nb.ft.control.run_host"], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=log, start_new_session=True, cwd=os.getcwd())
     log.close()
     assert proc.stdin is not None and proc.stdout is not None
-    proc.stdin.write(json.dumps(config.to_dict(), default=str).encode())
+    proc.stdin.write(json.dumps(asked, default=str).encode())
     proc.stdin.close()
     box: list[bytes] = []
     reader = threading.Thread(target=lambda: box.append(proc.stdout.readline()), daemon=True)  # type: ignore[union-attr]
     reader.start()
-    reader.join(timeout if timeout is not None else config.init_timeout_s + 120)
+    reader.join(timeout)
     answer = json.loads(box[0]) if box and box[0] else {"error": "the run's host ended without starting the run "
                                                                   f"(its log: {log.name})"}
     if "error" in answer:
         proc.wait(30)
         raise ValueError(answer["error"])
-    Path(log.name).rename(Path(answer["run_dir"]) / CONTROL_DIR / "host.log")
+    Path(log.name).rename(Path(answer["run_dir"]) / CONTROL_DIR / f"host-{answer['pid']}.log")  # a resume's too
     return RunClient(Path(answer["run_dir"]), answer)
+
+
+def had_a_host(run_dir: str | Path) -> bool:
+    """The run lived in a host of its own (it resumes in one again)."""
+    return control_dir(Path(run_dir)).is_dir()
 
 
 def live_runs(runs_root: str | Path | None = None) -> list[dict[str, Any]]:

@@ -1,6 +1,7 @@
 """A fault-tolerant run's own home: a process that is the run's controller, apart from any kernel.
 
-``python -m monarch_nb.ft.control.run_host`` reads a RunConfig (JSON) on stdin, builds and starts
+``python -m monarch_nb.ft.control.run_host`` reads a RunConfig (JSON) on stdin - or
+``{"resume": RUN_DIR, "overrides": {...}}`` to continue a run from its own checkpoints - builds and starts
 the ``FTRun`` (its session, supervisor, ladder, Lighthouse, checkpointer and event log are all
 here), answers one JSON line on stdout once the run trains (or why it could not start), and then
 serves the run's controls on a Unix socket in the run directory until the run stops. It is
@@ -10,8 +11,9 @@ attaches again with ``FTRun.attach(name)`` (``run_client.py``).
 
 Why a socket of our own: Monarch's controller dies with its client (a detached controller is not
 planned there), so the run's controller cannot be a Monarch actor the kernel re-attaches to.
-The socket (``control.sock``) is created 0600 in a 0700 directory and every connection must
-also prove the run's token (``control.token``, 0600): only the run's owner can open it.
+The socket (``control.sock``) is created 0600 and every connection must also prove the run's token
+(``control.token``, 0600): only the run's owner can open it. The directory is 0711 and ``host.json``
+0644, so ``monarch-nb runs`` and a refused attach can name a shared runs root's owners.
 """
 
 from __future__ import annotations
@@ -35,12 +37,13 @@ CALLS = ("status", "inject", "scale", "schedule", "stop_schedule", "check_identi
 def serve(run: Any, stopped: threading.Event) -> Listener:
     """Listen on the run's socket; each connection is one call, answered from its own thread."""
     where = control_dir(run.run_dir)
-    where.mkdir(mode=0o700, exist_ok=True)
-    os.chmod(where, 0o700)
+    where.mkdir(mode=0o711, exist_ok=True)  # others may read host.json (whose run it is), never list
+    os.chmod(where, 0o711)
     token = secrets.token_bytes(32)
     fd = os.open(where / TOKEN, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "wb") as f:
         f.write(token)
+    (where / SOCKET).unlink(missing_ok=True)  # a dead host's (a resume; a live one was refused before)
     old = os.umask(0o177)  # the socket file is created 0600
     try:
         listener = Listener(str(where / SOCKET), family="AF_UNIX", authkey=token)
@@ -82,8 +85,11 @@ def main() -> int:
     handshake = sys.stdout
     sys.stdout = sys.stderr  # our stdout is the one-line answer to the kernel; prints go to the host's log
     try:
-        config = RunConfig.from_dict(json.loads(sys.stdin.read())).validate()
-        run = FTRun(config)
+        asked = json.loads(sys.stdin.read())
+        if "resume" in asked:
+            run = FTRun.resume(asked["resume"], **asked.get("overrides", {}))
+        else:
+            run = FTRun(RunConfig.from_dict(asked).validate())
     except Exception as exc:
         print(json.dumps({"error": f"{type(exc).__name__}: {exc}"}), file=handshake, flush=True)
         return 2
@@ -93,16 +99,18 @@ def main() -> int:
     run.events.subscribe(lambda e: stopped.set() if isinstance(e, RunStopped) else None)
     signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=run.stop, args=("the run's host was "
                                                                                      "terminated",)).start())
-    listener = serve(run, stopped)
     try:
+        listener = serve(run, stopped)
         run.start()
     except BaseException as exc:
         run.stop("it did not start")
         print(json.dumps({"error": f"{type(exc).__name__}: {exc}"}), file=handshake, flush=True)
         return 1
     host = {"pid": os.getpid(), "uid": os.getuid(), "user": _user(), "run_id": run.run_id,
-            "run_dir": str(run.run_dir), "started_t": run.started_t}
+            "run_dir": str(run.run_dir), "started_t": run.started_t,
+            "resumed_step": run.resume_from.step if run.resume_from is not None else None}
     (control_dir(run.run_dir) / HOST).write_text(json.dumps(host))
+    os.chmod(control_dir(run.run_dir) / HOST, 0o644)
     print(json.dumps(host), file=handshake, flush=True)
     handshake.close()
     stopped.wait()
