@@ -195,6 +195,17 @@ def semi_sync_local_steps(algorithm: Any) -> int:
     return int(algorithm._local_step)
 
 
+def set_semi_sync_local_steps(algorithm: Any, steps: int) -> None:
+    """Set that counter: a group restored from a durable checkpoint goes on where it was saved."""
+    algorithm._local_step = int(steps)
+
+
+def diloco_fragments(algorithm: Any) -> list[tuple[dict[str, Any], Any]]:
+    """Each torchft DiLoCo fragment's parameters the groups last agreed on and its outer optimizer
+    (private ``_fragments``, ``original_parameters``, ``_outer_optimizer``); none under LocalSGD."""
+    return [(f.original_parameters, f._outer_optimizer) for f in getattr(algorithm, "_fragments", [])]
+
+
 def process_group_is_down(ft_pg: Any) -> bool:
     """A torchft ProcessGroup whose inner group was aborted and not rebuilt."""
     return getattr(ft_pg, "_pg", True) is None

@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from ..settings.checkpoint_format import META, CheckpointInfo, latest_complete, list_checkpoints
+from ..settings.checkpoint_format import META, CheckpointInfo, latest_complete, list_checkpoints, sync_mismatch
 
 MANIFEST = "manifest.json"
 
@@ -103,7 +103,8 @@ def own_checkpoint(folder: Path, run_id: str) -> None:
                          "resume_from / `%monarch train --resume-from PATH`")
 
 
-def source_checkpoint(path: str, model: str, group_size: int) -> tuple[CheckpointInfo, str | None]:
+def source_checkpoint(path: str, model: str, group_size: int,
+                      sync: dict[str, Any] | None = None) -> tuple[CheckpointInfo, str | None]:
     """``resume_from``: the complete checkpoint ``path`` names (a ``step-N`` directory, or a
     folder: its newest complete one) and the run that wrote it; refused, naming the difference,
     when it was written for another model or group size."""
@@ -125,7 +126,20 @@ def source_checkpoint(path: str, model: str, group_size: int) -> tuple[Checkpoin
             raise ValueError(f"resume_from: the checkpoint of step {checkpoint.step} in {folder} was written with "
                              f"{key}={theirs!r}, this run has {key}={ours!r}; set {key}={theirs!r} to start "
                              "from it")
+    refuse_other_sync(meta, sync or {"sync": "step"}, checkpoint, "resume_from")
     return checkpoint, owner.run_id if owner else meta.get("run_id")
+
+
+def refuse_other_sync(meta: dict[str, Any], ours: dict[str, Any], checkpoint: CheckpointInfo, what: str) -> None:
+    """A checkpoint loads only under the semi-synchronous settings that wrote it: its meeting count
+    and DiLoCo's outer state are those of its period and fragments."""
+    why = sync_mismatch(meta.get("sync"), ours)
+    if why is not None:
+        key = why.split(":", 1)[0]
+        theirs = (meta.get("sync") or {"sync": "step"}).get(key)
+        raise ValueError(f"{what}: the checkpoint of step {checkpoint.step} was written with {key}={theirs!r} and "
+                         f"this run has {key}={ours.get(key)!r}; a checkpoint loads under the settings that wrote "
+                         f"it (its meeting count and DiLoCo's outer state depend on them): set {key}={theirs!r}")
 
 
 def read_fingerprint(checkpoint: CheckpointInfo) -> dict[str, Any]:

@@ -19,9 +19,10 @@ from typing import Any
 from ...session import runs_root
 from ...telemetry import EventStore
 from ...telemetry.events import Resumed, RunStarted
-from ..settings.checkpoint_format import CheckpointInfo, latest_complete, list_checkpoints
+from ..settings.checkpoint_format import CheckpointInfo, latest_complete, list_checkpoints, sync_settings
 from ..settings.config import RESTARTS, RunConfig, current_names
-from .checkpoint_folder import checkpoint_root, claim, own_checkpoint, read_fingerprint, source_checkpoint
+from .checkpoint_folder import (checkpoint_root, claim, own_checkpoint, read_fingerprint, refuse_other_sync,
+                                source_checkpoint)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,7 +61,8 @@ def new_run(cfg: RunConfig) -> RunPlace:
     checkpoint_dir = checkpoint_root(cfg.checkpoint_dir, run_dir)
     if not cfg.resume_from:
         return RunPlace(run_id, run_dir, checkpoint_dir)
-    checkpoint, source = source_checkpoint(cfg.resume_from, cfg.model, cfg.group_size)
+    checkpoint, source = source_checkpoint(cfg.resume_from, cfg.model, cfg.group_size,
+                                           sync_settings(cfg.to_dict()))
     refuse_steps_at_or_below(cfg.steps, checkpoint.step)
     return RunPlace(run_id, run_dir, checkpoint_dir, checkpoint, source)
 
@@ -122,6 +124,7 @@ def resume_point(run_dir: str | Path, overrides: dict[str, Any]) -> tuple[RunCon
         if meta.get(key) != getattr(cfg, key):
             raise ValueError(f"resume: the checkpoint of step {checkpoint.step} was written with {key}="
                              f"{meta.get(key)!r}, this config has {key}={getattr(cfg, key)!r}")
+    refuse_other_sync(meta, sync_settings(cfg.to_dict()), checkpoint, "resume")
     refuse_steps_at_or_below(cfg.steps, checkpoint.step)
     return cfg, run_dir, checkpoint
 

@@ -55,7 +55,25 @@ def fingerprint(cfg: dict[str, Any], shapes: dict[str, tuple[int, ...]]) -> dict
     """What must match for a checkpoint to load: the model and how it is split."""
     digest = hashlib.blake2b(json.dumps(sorted(shapes.items())).encode(), digest_size=8).hexdigest()
     return {"model": cfg.get("model"), "group_size": cfg.get("group_size"), "parameters": len(shapes),
-            "shapes": digest}
+            "shapes": digest, "sync": sync_settings(cfg)}
+
+
+def sync_settings(cfg: dict[str, Any]) -> dict[str, Any]:
+    """How the groups meet, as a checkpoint records it: a LocalSGD/DiLoCo checkpoint's meeting
+    count and outer state only mean something under the same settings."""
+    sync = cfg.get("sync") or "step"
+    return {"sync": sync} if sync == "step" else {"sync": sync, "sync_every": cfg.get("sync_every"),
+                                                  "fragments": cfg.get("fragments") or 1}
+
+
+def sync_mismatch(saved: dict[str, Any] | None, ours: dict[str, Any]) -> str | None:
+    """``sync_every: the checkpoint has 4, this run has 8`` (the first setting that differs), or
+    None; a checkpoint from before these were recorded was written by a synchronous run."""
+    saved = saved or {"sync": "step"}
+    for key in ("sync", "sync_every", "fragments"):
+        if saved.get(key) != ours.get(key):
+            return f"{key}: the checkpoint has {saved.get(key)!r}, this run has {ours.get(key)!r}"
+    return None
 
 
 def mismatch(saved: dict[str, Any], ours: dict[str, Any]) -> str | None:
@@ -64,4 +82,4 @@ def mismatch(saved: dict[str, Any], ours: dict[str, Any]) -> str | None:
         if saved.get(key) != ours.get(key):
             what = "parameter shapes" if key == "shapes" else key
             return f"{what}: the checkpoint has {saved.get(key)!r}, this run has {ours.get(key)!r}"
-    return None
+    return sync_mismatch(saved.get("sync"), ours.get("sync") or {"sync": "step"})

@@ -519,7 +519,7 @@ def meets_every(config: "RunConfig") -> int | None:
 
 def check_sync(config: "RunConfig") -> None:
     """Semi-synchronous training (torchft's LocalSGD and DiLoCo, through torchtitan) with what it
-    is built for here: peer recovery, one process per group, no durable checkpoints yet. Its
+    is built for here: peer recovery, one process per group, durable checkpoints at meetings. Its
     meetings use the synchronous quorum whatever ``quorum`` says (DiLoCo requires it)."""
     c = config
     if c.fragments > 1 and c.sync != "diloco":
@@ -530,10 +530,13 @@ def check_sync(config: "RunConfig") -> None:
     if c.sync_every % c.fragments:
         raise ValueError(f"sync_every: {c.sync_every} steps must divide into fragments={c.fragments} "
                          f"(each fragment syncs every sync_every/fragments steps)")
-    for name, value, need in (("on_failure", c.on_failure, "peer"), ("group_size", c.group_size, 1),
-                              ("checkpoint_every", c.checkpoint_every, None)):
+    for name, value, need in (("on_failure", c.on_failure, "peer"), ("group_size", c.group_size, 1)):
         if value != need:
             raise ValueError(f"{name}: sync={c.sync!r} needs {name}={need!r} here, got {value!r}")
+    if c.checkpoint_every and c.checkpoint_every % c.sync_every:
+        raise ValueError(f"checkpoint_every: durable checkpoints of a {c.sync} run are taken at meetings, where "
+                         f"every group holds the same state: {c.checkpoint_every} must be a multiple of "
+                         f"sync_every={c.sync_every} (e.g. checkpoint_every={c.sync_every * max(1, round(c.checkpoint_every / c.sync_every))})")
 
 
 def find_job_file(path: str | Path) -> Path:

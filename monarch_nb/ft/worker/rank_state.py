@@ -22,6 +22,8 @@ from .rank_parts import RankParts
 if TYPE_CHECKING:
     import torch
 
+    from .semi_sync import SemiSync
+
 
 def local_shard(t: torch.Tensor) -> torch.Tensor:
     """The local shard of a DTensor (FSDP), or the tensor itself."""
@@ -52,6 +54,7 @@ class RankState:
 
     def __init__(self, parts: RankParts) -> None:
         self.parts = parts
+        self.semi: SemiSync | None = None  # LocalSGD / DiLoCo: their own state is in checkpoints too
         # What the last heal loaded (seconds to apply, bytes), until the step reports it.
         self._healed: dict[str, Any] | None = None
 
@@ -111,7 +114,10 @@ class RankState:
         model = {n: t.detach() for n, t in p.named_parameters()}
         optim = {key: {k: v.detach() for k, v in opt.state.get(param, {}).items() if hasattr(v, "detach")}
                  for key, param, opt in p.named_optim_state()}
-        return {"model": model, "optim": optim}
+        state = {"model": model, "optim": optim}
+        if self.semi is not None:
+            state["semi"] = self.semi.durable_state()
+        return state
 
     def fingerprint(self) -> dict[str, Any]:
         from ..settings.checkpoint_format import fingerprint

@@ -55,6 +55,36 @@ class SemiSync:
         """True right after a step whose optimizer step held a meeting (its local count restarts)."""
         return self.local_steps() == 0
 
+    def durable_state(self) -> dict[str, Any]:
+        """DiLoCo's state beside the model and the inner optimizers, as tensors DCP saves and
+        loads in place: per fragment, the parameters the groups last agreed on and the outer
+        optimizer's momentum (LocalSGD keeps nothing else)."""
+        return {f"fragment{i}": {"agreed": dict(agreed), "outer": _momentum(outer)}
+                for i, (agreed, outer) in enumerate(seam.diloco_fragments(self.algorithm))}
+
+    def restore(self, step: int) -> None:
+        """Go on from a checkpoint of ``step``: its meetings counted, its steps since the last."""
+        self.manager.load_state_dict({"step": step // self.period, "batches_committed": 0})
+        seam.set_semi_sync_local_steps(self.algorithm, step % self.period)
+
     def close(self) -> None:
         """Remove torchft's optimizer hooks."""
         self._context.__exit__(None, None, None)
+
+
+def _momentum(optimizer: Any) -> dict[str, Any]:
+    """The outer SGD's momentum buffers, by position. One not made yet (before the first meeting)
+    is made as zeros: with no dampening, SGD's first step then gives exactly what it gives without
+    one (the gradient), and a checkpoint always holds, and loads into, the same tensors."""
+    import torch
+
+    out = {}
+    for g, group in enumerate(optimizer.param_groups):
+        if not group.get("momentum") or group.get("dampening", 0):
+            continue
+        for i, p in enumerate(group["params"]):
+            state = optimizer.state[p]
+            if state.get("momentum_buffer") is None:
+                state["momentum_buffer"] = torch.zeros_like(p.detach())
+            out[f"{g}.{i}"] = state["momentum_buffer"]
+    return out

@@ -73,6 +73,7 @@ class TorchftReplication(Replication):
             from .semi_sync import SemiSync
 
             self.semi = SemiSync(self.cfg, parts, self.manager)
+            state.semi = self.semi
 
     # ---- the Manager and what it is built with --------------------------------------------------
 
@@ -342,6 +343,9 @@ class TorchftReplication(Replication):
         return self.manager.current_step()
 
     def restore_step(self, step: int) -> None:
+        if self.semi is not None:  # the Manager counts meetings there
+            self.semi.restore(step)
+            return
         self.manager.load_state_dict({"step": step, "batches_committed": 0})
 
     def allreduce(self, tensor: torch.Tensor) -> Waitable:

@@ -183,6 +183,8 @@ class TrainStep:
         committed = step > self.min_step
         if committed:
             self.last_commit = (step, time.time())
+        if synced and committed and quorum is not None and self.durable is not None:
+            self.durable.after_commit(step, saver=quorum.saver)  # at meetings only: the state all groups agree on
         t1 = time.time()
         rec = {"kind": "step", "replica": self.replica, "rank": self.rank, "step": step, "loss": retry.loss,
                "committed": committed, "synced": synced,
