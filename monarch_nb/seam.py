@@ -179,6 +179,14 @@ def commit_failures(manager: Any) -> int:
     return int(manager._commit_failures)
 
 
+def count_commit_failure(manager: Any) -> None:
+    """Count one failed commit on a torchft Manager, as its own ``should_commit`` does when a
+    collective failed: its next quorum request then asks the Lighthouse for a new quorum id, and
+    every member rebuilds its process group (a semi-synchronous group whose communicator died
+    between meetings, where no collective failed yet). Its next successful commit resets it."""
+    manager._commit_failures += 1
+
+
 def semi_sync_training(ft_config: Any, manager: Any, model: Any, optimizers: Any, fragment_fn: Any) -> Any:
     """torchtitan's ``maybe_semi_sync_training`` around a torchft Manager of ours: it reads the
     Manager from its own wrapper's private ``_manager``, so it gets a holder with just that."""

@@ -914,8 +914,9 @@ def test_the_ladder_enters_each_failure_at_the_lowest_rung_that_can_fix_it():
     from monarch_nb.ft.control.groups import Failure
     from monarch_nb.ft.control.ladder import ESCALATES_TO, RUNGS, entry_rung
 
-    def enter(cause=None, lowest="communicator", group_size=1, gone=False):
-        return entry_rung(Failure("x", 0, 0.0, "trainer", cause=cause), lowest, group_size, gone)
+    def enter(cause=None, lowest="communicator", group_size=1, gone=False, **more):
+        config = RunConfig(lowest_rung=lowest, group_size=group_size, **more)
+        return entry_rung(Failure("x", 0, 0.0, "trainer", cause=cause), config, gone)
 
     assert enter("comms") == "communicator" and enter("exception") == "step"
     assert enter(None) == "process"  # a dead or hung process
@@ -923,6 +924,8 @@ def test_the_ladder_enters_each_failure_at_the_lowest_rung_that_can_fix_it():
     assert enter("comms", lowest="process") == "process"  # the reference run's way: replace every process
     assert enter("comms", group_size=2) == "communicator"  # torchft rebuilds every rank's group
     assert enter("exception", group_size=2) == "process"  # its groupmates wait in the step's collectives
+    for sync in ("local_sgd", "diloco"):  # torchft's hooks keep the Manager: its communicator is rebuilt
+        assert enter("comms", sync=sync) == "communicator" and enter("exception", sync=sync) == "process"
     # and the failure notice says what will happen, for the same reasons
     from monarch_nb.ft.control.ladder import Ladder
 

@@ -41,40 +41,39 @@ ESCALATES_TO = {"communicator": "process", "step": "process", "process": None, "
 IN_PLACE_CAUSES = {"comms": "communicator", "exception": "step"}  # a stalled trainer's cause -> its rung
 
 
-def lowest_rung(config: RunConfig) -> str:
-    """``config.lowest_rung``, except under LocalSGD / DiLoCo: torchft's optimizer hooks hold the
-    Manager there, so a communicator is not rebuilt in place and every fault replaces the process."""
-    return config.lowest_rung if config.sync == "step" else "process"
-
-
 def communicator_at_once(config: RunConfig) -> bool:
     """Whether a worker whose own collective failed rebuilds its communicator at once, before
     this controller has seen the stall: exactly when a ``comms`` fault enters at
     ``communicator`` (:func:`entry_rung`). The controller still climbs the ladder from the
     stall it sees (its repair call collects the rebuild, or escalates), and the others' next
     quorum waits for the rebuild alone, not for the next poll."""
-    return config.on_failure == "peer" and in_place_rung("comms", lowest_rung(config), config.group_size) is not None
+    return config.on_failure == "peer" and in_place_rung("comms", config) is not None
 
 
-def in_place_rung(cause: str | None, lowest: str, group_size: int) -> str | None:
+def in_place_rung(cause: str | None, config: RunConfig) -> str | None:
     """The in-place rung for a stalled trainer's ``cause``, if the ladder may start below
-    ``process``. ``communicator`` at any group size: torchft's error path fails the step's
-    commit in every rank of every group and the next quorum rebuilds each rank's process group,
-    the broken rank's included. ``step`` only for one process per group: the other ranks of a
-    group whose step raised wait in that step's collectives, so the group is replaced."""
+    ``process`` (``config.lowest_rung``). ``communicator`` at any group size and under LocalSGD /
+    DiLoCo: torchft's error path fails the step's commit (or the meeting's) in every rank of
+    every group and the next quorum rebuilds each rank's process group, the broken rank's
+    included; the Manager, which their optimizer hooks hold, is kept. ``step`` only for one
+    process per group under per-step sync: the other ranks of a group whose step raised wait in
+    that step's collectives, so the group is replaced, and a semi-synchronous step that raised
+    may have half-moved its optimizer."""
     rung = IN_PLACE_CAUSES.get(cause or "")
-    if lowest != "communicator" or rung is None or (rung == "step" and group_size > 1):
+    if config.lowest_rung != "communicator" or rung is None:
+        return None
+    if rung == "step" and (config.group_size > 1 or config.sync != "step"):
         return None
     return rung
 
 
-def entry_rung(failure: Failure, lowest: str, group_size: int, allocation_gone: bool) -> str:
+def entry_rung(failure: Failure, config: RunConfig, allocation_gone: bool) -> str:
     """The lowest rung that can fix ``failure``: in place for a stalled trainer
     (:func:`in_place_rung`), ``hosts`` when the scheduler ended the group's allocation, else
     ``process``."""
     if allocation_gone:
         return "hosts"
-    return in_place_rung(failure.cause, lowest, group_size) or "process"
+    return in_place_rung(failure.cause, config) or "process"
 
 
 class Rung:
@@ -202,15 +201,14 @@ class Ladder:
         """What happens after a failure of this ``cause``, as its notice says it."""
         spare = " (a warm spare if one is ready)" if self.means.spares is not None else ""
         config = self.means.config
-        if in_place_rung(cause, lowest_rung(config), config.group_size) is not None:
+        if in_place_rung(cause, config) is not None:
             return ("its communicator is rebuilt in place (model, optimizer and step kept); if that fails, "
                     f"its group is replaced{spare}")
         return f"its group is torn down and replaced{spare}; the replacement heals from a live peer"
 
     def climb(self, g: ReplicaGroup, failure: Failure) -> None:
         means = self.means
-        rung: str | None = entry_rung(failure, lowest_rung(means.config), means.config.group_size,
-                                      failure.cause is None and means.allocation_gone(g))
+        rung: str | None = entry_rung(failure, means.config, failure.cause is None and means.allocation_gone(g))
         reason = failure.reason
         while rung is not None and not means.stopping.is_set():
             means.groups.set_rung(g, rung)
