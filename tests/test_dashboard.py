@@ -693,3 +693,30 @@ def test_32_groups_share_one_plot_legend_entry_and_the_timeline_shows_the_last_r
     assert "data-index='0' data-replica='31'" in timeline and "data-index='14' data-replica='13'" in timeline
     assert "data-index='4' " not in timeline and "data-index='5' " in timeline
     assert recoveries_html(m.recoveries, m.started_t, bars=False).count("class='mnb-recovery'") == 15
+
+
+def test_a_semi_sync_run_shows_its_meeting_period_and_each_groups_place_in_its_inner_loop():
+    """LocalSGD / DiLoCo (issue 53): the header names the method and how often the groups meet,
+    each training group's cell (and the status table) says how far it is into its inner loop."""
+    from monarch_nb.notebook.dashboard_render import header_html
+    from monarch_nb.notebook.html import run_status_html
+    from monarch_nb.notebook.render_health import health_html
+
+    evs = [RunStarted(t=T0, run_id="r", config={"replicas": 2, "group_size": 1, "sync": "diloco", "sync_every": 10})]
+    evs += [ReplicaState(t=T0 + 0.1, replica=r, state="training") for r in range(2)]
+    evs += [Step(t=T0 + 1 + s, replica=r, step=s, loss=3.0, tokens_per_s=1.0, committed=True, synced=s % 10 == 0)
+            for s in range(1, 24) for r in range(2) if r == 0 or s <= 17]
+    m = model_of(evs)
+    assert "DiLoCo: the groups meet every 10 steps" in header_html(m, T0 + 30)
+    cells = {c.replica: c for c in m.health_cells(T0 + 30)}
+    assert cells[0].inner == "inner step 3 of 10" and cells[1].inner == "inner step 7 of 10", cells
+    assert "inner step 3 of 10" in cells[0].text and "inner step 3 of 10" in health_html(list(cells.values()))
+    streaming = model_of([RunStarted(t=T0, run_id="s", config={"replicas": 2, "sync": "diloco", "sync_every": 12,
+                                                                "fragments": 3})])
+    assert "meet every 4 steps" in header_html(streaming, T0)  # one fragment at a time
+    plain = model_of(healthy_run())
+    assert "meet every" not in header_html(plain, T0 + 30)
+    assert all(c.inner == "" for c in plain.health_cells(T0 + 30))
+    table = run_status_html("r", {0: {"state": "training", "step": 23, "inner": "3/10", "pids": [1]}})
+    assert ">inner loop</th>" in table and ">3/10<" in table
+    assert ">inner loop</th>" not in run_status_html("r", {0: {"state": "training", "step": 23, "pids": [1]}})

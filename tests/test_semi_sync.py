@@ -48,6 +48,7 @@ def _kill_between_meetings(run: FTRun, seen: dict) -> None:
 def _comms_between_and_at_a_meeting(run: FTRun, seen: dict) -> None:
     """A comms fault inside an inner loop, then one aimed at a meeting (inside the step whose
     optimizer step holds the outer allreduce of pseudo-gradients)."""
+    seen["status"] = run.status()
     run.inject("comms", replica=1)
     seen["between"] = run.wait_for(lambda e: isinstance(e, Repaired) and e.replica == 1, timeout=60,
                                    since=seen["since"])
@@ -101,6 +102,8 @@ def test_diloco_a_comms_fault_is_fixed_on_the_communicator_between_meetings_and_
     groups meet again after it."""
     run, seen = diloco
     since = seen["since"]
+    inner = {r: st.get("inner") for r, st in seen["status"].items()}
+    assert all(v is not None and v.endswith(f"/{SYNC_EVERY}") for v in inner.values()), inner  # status says where
     failed = {e.replica for e in run.events.events(FailureDetected) if e.t >= since}
     assert failed == {1}, failed  # no healthy group failed for the victim's fault
     assert [e.rung for e in run.events.events(RungStarted) if e.t >= since] == ["communicator", "communicator"]

@@ -52,6 +52,7 @@ class HealthCell:
     heartbeat_age_s: float | None
     detail: str
     style: StateStyle
+    inner: str = ""  # LocalSGD / DiLoCo: where the group is in its inner loop ("inner step 3 of 10")
 
     @property
     def text(self) -> str:
@@ -60,9 +61,20 @@ class HealthCell:
         age = "-" if self.heartbeat_age_s is None else f"{self.heartbeat_age_s:.1f} s ago"
         parts = [f"group {self.replica} rank {self.rank}", f"{self.style.glyph} {self.style.label}",
                  f"step {step}", f"seen {age}"]
+        if self.inner:
+            parts.append(self.inner)
         if self.detail:
             parts.append(self.detail)
         return " | ".join(parts)
+
+
+def meeting_period(config: dict[str, Any]) -> int | None:
+    """Steps between two meetings of a LocalSGD / DiLoCo run (streaming DiLoCo: of two fragments'
+    meetings); None under per-step sync."""
+    if (config.get("sync") or "step") == "step":
+        return None
+    every, fragments = config.get("sync_every"), config.get("fragments") or 1
+    return int(every) // int(fragments) if isinstance(every, int) and every > 0 else None
 
 
 class GroupHealth:
@@ -76,6 +88,7 @@ class GroupHealth:
     def __init__(self, *, series_kept: int = LIVE_SERIES_KEPT) -> None:
         self.replicas: dict[int, ReplicaRecord] = {}
         self.group_size = 1
+        self.meet_every: int | None = None  # LocalSGD / DiLoCo: steps between meetings
         self.configured_replicas: int | None = None
         self.live_series: deque[tuple[float, int]] = deque(maxlen=series_kept)  # (t, groups training)
         self.training = 0  # groups in state "training" now (kept by set_state: no scan per event)
@@ -120,6 +133,8 @@ class GroupHealth:
         gs = config.get("group_size")
         if isinstance(gs, int) and gs > 0:
             self.group_size = gs
+        self.meet_every = meeting_period(config)
+
 
     def stop(self, reason: str) -> None:
         """The run stopped: every group still in it is stopped (a group given up on stays so)."""
@@ -185,8 +200,13 @@ class GroupHealth:
                 elif rec.down_reason is not None and state in ("respawning", "healing"):
                     detail = f"{rec.detail + '; ' if rec.detail else ''}after failure: {rec.down_reason}"
                 cells.append(HealthCell(replica, rank, state, rec.last_committed_step, age,
-                                        detail, style_of(state)))
+                                        detail, style_of(state), self._inner(state, rec.last_committed_step)))
         return cells
+
+    def _inner(self, state: str, step: int | None) -> str:
+        if self.meet_every is None or step is None or state != "training":
+            return ""
+        return f"inner step {step % self.meet_every} of {self.meet_every}"
 
     def mark_drawn(self) -> bool:
         """The grid was drawn: failures shown once now show the group's current state.

@@ -10,6 +10,7 @@ headless in CI shows the same health table, recoveries and curves without a kern
 from __future__ import annotations
 
 from .dashboard_format import esc, fmt_bytes, wall
+from .dashboard_groups import meeting_period
 from .dashboard_model import DashboardModel, QuorumSummary
 from .palette import style_of
 from .render_health import (
@@ -62,6 +63,9 @@ def run_status(model: DashboardModel) -> tuple[str, str, str]:
     return "running", "running", "#2e7d32"
 
 
+SYNC_NAMES = {"local_sgd": "LocalSGD", "diloco": "DiLoCo"}
+
+
 def header_html(model: DashboardModel, now: float) -> str:
     key, status, colour = run_status(model)
     elapsed = ""
@@ -73,6 +77,9 @@ def header_html(model: DashboardModel, now: float) -> str:
         step, same = model.identical
         ident = (f" &middot; <span class='mnb-identical' data-identical='{str(same).lower()}'>"
                  f"step {step}: replicas {'bit-identical' if same else 'DIFFER'}</span>")
+    meets = meeting_period(model.config or {})
+    sync = (f" &middot; <span class='mnb-sync'>{esc(SYNC_NAMES.get(str(model.config.get('sync')), 'semi-sync'))}: "
+            f"the groups meet every {meets} steps</span>") if meets else ""
     lighthouse = ""
     if model.lighthouse and model.lighthouse.startswith("http"):
         lighthouse = (f" &middot; <a class='mnb-lighthouse' href='{esc(model.lighthouse)}' target='_blank' "
@@ -80,7 +87,7 @@ def header_html(model: DashboardModel, now: float) -> str:
     return (f"<div class='mnb-header' data-status='{esc(key)}' "
             f"style='font-size:14px;padding:2px 0'>"
             f"<b>monarch_nb run</b> <code>{esc(model.run_id or '-')}</code> "
-            f"<span style='color:{colour};font-weight:bold'>{esc(status)}</span>{elapsed}{ident}{lighthouse}</div>")
+            f"<span style='color:{colour};font-weight:bold'>{esc(status)}</span>{elapsed}{sync}{ident}{lighthouse}</div>")
 
 
 # ---- quorum -----------------------------------------------------------------------------

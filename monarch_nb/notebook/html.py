@@ -144,12 +144,14 @@ def run_status_html(run_id: str, status: dict) -> str:
     """A fault-tolerant run's groups and warm spares: state, the recovery ladder's rung a
     recovering group is on, step, restarts, pids."""
     rows = []
+    semi = any("inner" in st for st in status.values())  # LocalSGD / DiLoCo: steps since the groups met
     for key, st in status.items():
         who = f"group {key}" if isinstance(key, int) else str(key)
-        rows.append([esc(who), badge(st["state"]), esc(st.get("rung") or "-"), esc(st.get("step", "-")),
+        inner = [esc(st.get("inner", "-"))] if semi else []
+        rows.append([esc(who), badge(st["state"]), esc(st.get("rung") or "-"), esc(st.get("step", "-")), *inner,
                      esc(st.get("attempts", "-")), esc(", ".join(str(p) for p in st.get("pids", [])) or "-")])
-    return (f'<div class="mnb-run-status"><b>run {esc(run_id)}</b>'
-            + table(["group", "state", "rung", "step", "restarts", "pids"], rows, "mnb-run-groups") + "</div>")
+    heads = ["group", "state", "rung", "step", *(["inner loop"] if semi else []), "restarts", "pids"]
+    return (f'<div class="mnb-run-status"><b>run {esc(run_id)}</b>' + table(heads, rows, "mnb-run-groups") + "</div>")
 
 
 def failure_html(mesh: str, rank: int | None, reason: str, action: str | None = None) -> str:

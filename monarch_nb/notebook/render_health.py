@@ -22,6 +22,7 @@ def _cell_html(c: HealthCell) -> str:
     age = "-" if c.heartbeat_age_s is None else f"{c.heartbeat_age_s:.0f} s ago" if c.heartbeat_age_s >= 10 \
         else f"{c.heartbeat_age_s:.1f} s ago"
     detail = f"<div class='mnb-cell-detail' style='font-size:11px;opacity:.9'>{esc(c.detail)}</div>" if c.detail else ""
+    inner = f"<div class='mnb-cell-inner' style='font-size:11px'>{esc(c.inner)}</div>" if c.inner else ""
     return (f"<div class='mnb-cell mnb-state-{esc(c.state)}' data-replica='{c.replica}' data-rank='{c.rank}' "
             f"data-state='{esc(c.state)}' data-step='{step}' title='{esc(c.text)}' role='status' "
             f"aria-label='{esc(c.text)}' style='background:{st.background};color:{st.foreground};"
@@ -29,7 +30,7 @@ def _cell_html(c: HealthCell) -> str:
             f"<div class='mnb-cell-id' style='font-size:11px'>group {c.replica} &middot; rank {c.rank}</div>"
             f"<div class='mnb-cell-state' style='font-weight:bold'>{esc(st.glyph)} {esc(st.label)}</div>"
             f"<div class='mnb-cell-step'>step {step} &middot; <span class='mnb-cell-age'>{esc(age)}</span></div>"
-            f"{detail}</div>")
+            f"{inner}{detail}</div>")
 
 
 def legend_html() -> str:

@@ -182,9 +182,14 @@ class FTRun(FromTheLog):
         return self._session.stacks(g.name, ranks)
 
     def status(self) -> dict[int | str, dict[str, Any]]:
-        """Per group: state, last committed step, restarts so far, worker pids; and per warm
-        spare (keys ``spare0``, ...): building or ready, and its pids."""
+        """Per group: state, last committed step, restarts so far, worker pids (LocalSGD / DiLoCo:
+        ``inner``, its steps since the groups last met, of the period); and per warm spare (keys
+        ``spare0``, ...): building or ready, and its pids."""
         out: dict[int | str, dict[str, Any]] = dict(self.groups.status())
+        every = self.config.sync_every // self.config.fragments if self.config.sync != "step" else None
+        for st in out.values():  # LocalSGD / DiLoCo: where each training group is in its inner loop
+            if every and st["state"] == TRAINING:
+                st["inner"] = f"{st['step'] % every}/{every}"
         if self.supervisor is not None and self.supervisor.spares is not None:
             out.update(self.supervisor.spares.status())
         return out
