@@ -720,3 +720,17 @@ def test_a_semi_sync_run_shows_its_meeting_period_and_each_groups_place_in_its_i
     table = run_status_html("r", {0: {"state": "training", "step": 23, "inner": "3/10", "pids": [1]}})
     assert ">inner loop</th>" in table and ">3/10<" in table
     assert ">inner loop</th>" not in run_status_html("r", {0: {"state": "training", "step": 23, "pids": [1]}})
+
+
+def test_a_drain_shows_draining_on_the_group_then_moved_with_its_time():
+    from monarch_nb.notebook.dashboard_render import timeline_html
+    from monarch_nb.telemetry.events import Drained, Draining
+
+    evs = healthy_run(replicas=2, group_size=1) + [Draining(t=T0 + 20, replica=1, replacement=2, reason="node drain")]
+    m = model_of(evs)
+    cells = {c.replica: c for c in m.health_cells(T0 + 21)}
+    assert cells[1].state == "training" and "draining: moving to group 2" in cells[1].text
+    m.apply(Drained(t=T0 + 24.5, replica=1, replacement=2, seconds=4.5, from_spare=True))
+    text = timeline_html(m)
+    assert "group 1 draining: group 2 heals from live peers" in text, text
+    assert "group 1 moved to group 2 (a warm spare) in 4.5 s" in text, text

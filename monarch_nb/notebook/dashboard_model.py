@@ -20,6 +20,8 @@ from ..ft.settings.faults import FaultKind
 from ..telemetry.events import (
     Acquired,
     CallTimedOut,
+    Drained,
+    Draining,
     Event,
     FailureDetected,
     FaultInjected,
@@ -155,6 +157,17 @@ class DashboardModel:
         parts = ([f"added {e.added}"] if e.added else []) + ([f"retired {e.retired}"] if e.retired else [])
         self._log(e, f"scaled to {e.replicas} groups ({', '.join(parts) or 'no change'})")
         return {TIMELINE, HEALTH}
+
+    def _on_Draining(self, e: Draining) -> set[str]:
+        self.groups.replica(e.replica, e.t).detail = f"draining: moving to group {e.replacement}"
+        self._log(e, f"group {e.replica} draining: group {e.replacement} heals from live peers, then "
+                     f"{e.replica} leaves" + (f" ({e.reason})" if e.reason else ""))
+        return {HEALTH, TIMELINE}
+
+    def _on_Drained(self, e: Drained) -> set[str]:
+        source = "a warm spare" if e.from_spare else "fresh processes"
+        self._log(e, f"group {e.replica} moved to group {e.replacement} ({source}) in {e.seconds:.1f} s")
+        return {TIMELINE}
 
     def _on_Step(self, e: Step) -> set[str]:
         self.groups.step(e)

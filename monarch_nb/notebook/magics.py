@@ -40,7 +40,7 @@ from .train_magics import TrainingCommands, add_training_commands
 KILL_WAIT_S = 5.0  # how long %monarch kill waits for the signalled process to exit
 
 SUBCOMMANDS = ("up", "status", "down", "replace", "kill", "logs", "stacks", "debug", "train", "inject", "schedule",
-               "scale", "wait", "check", "restart", "stop", "dashboard", "attach", "runs")
+               "scale", "drain", "wait", "check", "restart", "stop", "dashboard", "attach", "runs")
 
 
 def _line_parser() -> MagicArgumentParser:
@@ -305,6 +305,9 @@ class MonarchMagics(Magics):
 
     def _cmd_scale(self, args: Any) -> None:
         self.training.scale(args)
+
+    def _cmd_drain(self, args: Any) -> None:
+        self.training.drain(args)
 
     def _cmd_wait(self, args: Any) -> None:
         self.training.wait(args)

@@ -119,6 +119,11 @@ def add_training_commands(sub: Any) -> None:
     scale = sub.add_parser("scale", help="resize the running job to N replica groups (run.scale)")
     scale.add_argument("replicas", type=positive_int)
 
+    drain = sub.add_parser("drain", help="move a replica group onto a spare or fresh processes while it trains, "
+                                         "then let it go (run.drain): its node is about to leave")
+    drain.add_argument("--replica", type=int, required=True)
+    drain.add_argument("--timeout", type=float, default=180.0, help="seconds for the replacement to commit a step")
+
     wait = sub.add_parser("wait", help="block until a group rejoins or step N is committed "
                                        "(waiting.wait_for_rejoin / run.wait_for_step)")
     targets = wait.add_subparsers(dest="target", metavar="{rejoin,step,spare}", required=True)
@@ -340,6 +345,17 @@ class TrainingCommands:
         parts = ([f"added groups {event.added}"] if event.added else []) + (
             [f"retired groups {event.retired}"] if event.retired else [])
         print(f"run {run.run_id}: {event.replicas} replica groups ({', '.join(parts) or 'no change'})")
+
+    def drain(self, args: argparse.Namespace) -> None:
+        run = self.current()
+        try:
+            with Progress(lambda: groups_line(run, f"group {args.replica} draining; replica groups training")):
+                event = run.drain(args.replica, timeout=args.timeout, reason="%monarch drain")
+        except (ValueError, RuntimeError, TimeoutError) as exc:
+            raise UsageError(str(exc)) from None
+        source = "a warm spare" if event.from_spare else "fresh processes"
+        print(f"group {event.replica} moved to group {event.replacement} ({source}) in {event.seconds:.1f} s: the "
+              f"replacement healed from live peers and committed a step before group {event.replica} left")
 
     def wait(self, args: argparse.Namespace) -> None:
         from ..ft.control.waiting import describe_rejoin, wait_for_rejoin

@@ -328,6 +328,29 @@ class Scaled(Event):
 
 
 @dataclass(frozen=True, kw_only=True)
+class Draining(Event):
+    """A planned move began (``FTRun.drain``): group ``replica`` keeps training while a
+    replacement (``replacement``, a warm spare or fresh processes) heals from live peers."""
+
+    kind: ClassVar[str] = "draining"
+    replica: int
+    replacement: int
+    reason: str = ""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Drained(Event):
+    """The move is done: the replacement committed a step with the others, then ``replica`` left
+    at a step boundary (retired, not failed). ``seconds`` from ``draining`` to here."""
+
+    kind: ClassVar[str] = "drained"
+    replica: int
+    replacement: int
+    seconds: float
+    from_spare: bool = False
+
+
+@dataclass(frozen=True, kw_only=True)
 class Step(Event):
     kind: ClassVar[str] = "step"
     replica: int

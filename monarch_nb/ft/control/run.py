@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from ... import lifetime, views
 from ...telemetry import EventStore
-from ...telemetry.events import ReplicasIdentical, RestartedFromScratch, RunStarted, Scaled
+from ...telemetry.events import Drained, ReplicasIdentical, RestartedFromScratch, RunStarted, Scaled
 from ..record.history import RunHistory
 from ..record.ingest import EventIngest
 from ..settings.checkpoint_format import CheckpointInfo
@@ -213,6 +213,14 @@ class FTRun(FromTheLog):
         at a step boundary and are recorded as retired, not failed. Blocks until done."""
         running = self.supervisor if self.started and not self.stopped else None
         return self._scaler.scale(replicas, timeout, running)
+
+    def drain(self, replica: int, timeout: float = 180.0, reason: str = "") -> Drained:
+        """A planned move of group ``replica`` (its node is about to go): a replacement - a warm
+        spare first, else fresh processes - heals from live peers and commits a step with them
+        while ``replica`` still trains, then ``replica`` leaves at a step boundary. The
+        replacement is a new group (its own index). Blocks until done (``drained``)."""
+        running = self.supervisor if self.started and not self.stopped else None
+        return self._scaler.drain(replica, timeout, running, reason)
 
     # ---- start ------------------------------------------------------------------------
 

@@ -109,6 +109,9 @@ class RunClient(FromTheLog):
     def scale(self, replicas: int, timeout: float | None = None) -> Any:
         return self._call("scale", replicas, timeout=timeout)
 
+    def drain(self, replica: int, timeout: float = 180.0, reason: str = "") -> Any:
+        return self._call("drain", replica, timeout=timeout, reason=reason)
+
     def schedule(self, *args: Any, **kwargs: Any) -> Any:
         return self._call("schedule", *args, **kwargs)
 

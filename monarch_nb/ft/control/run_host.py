@@ -30,7 +30,7 @@ from typing import Any
 from .run_client import HOST, RUN_ENV, SOCKET, TOKEN, control_dir
 
 # What a client may call, by name (the rest of FTRun's surface is the client's own, from the log).
-CALLS = ("status", "inject", "scale", "schedule", "stop_schedule", "check_identical", "restart_from_scratch",
+CALLS = ("status", "inject", "scale", "drain", "schedule", "stop_schedule", "check_identical", "restart_from_scratch",
          "stop", "spawned_pids", "disarm", "stacks")
 
 

@@ -1,8 +1,11 @@
-"""Resizing a run while it trains: ``Scaler`` (``FTRun.scale``).
+"""Resizing a run while it trains: ``Scaler`` (``FTRun.scale``, ``FTRun.drain``).
 
 A new group comes from a warm spare when one is ready, else from fresh processes, and heals
 from a peer like a group that failed; a surplus group (the newest first) leaves at a step
-boundary and is recorded as retired, not failed. One resize at a time (``Scaler._lock``).
+boundary and is recorded as retired, not failed. A drain is a planned move: a replacement group
+joins and commits a step with the others while the drained group still trains, then the drained
+group leaves (so no quorum goes without its data before the replacement is in). One resize or
+drain at a time (``Scaler._lock``).
 A plain_restart job has a fixed world size (one process group over every group, as under
 torchrun) and is never resized; ``scaled`` records each resize.
 """
@@ -10,12 +13,13 @@ torchrun) and is never resized; ``scaled`` records each resize.
 from __future__ import annotations
 
 import threading
+import time
 from typing import Callable
 
 from ...telemetry import EventStore
-from ...telemetry.events import Scaled
+from ...telemetry.events import Drained, Draining, Scaled
 from ..settings.config import MAX_GROUPS, RunConfig
-from .groups import GroupTable
+from .groups import TRAINING, GroupTable
 from .supervisor import Supervisor
 
 
@@ -66,6 +70,49 @@ class Scaler:
                 supervisor.retire(g)
                 retired.append(g.index)
             event = Scaled(replicas=replicas, added=added, retired=retired)
+            self.events.append(event)
+            return event
+        finally:
+            self._lock.release()
+
+    def drain(self, replica: int, timeout: float, supervisor: Supervisor | None, reason: str = "") -> Drained:
+        """Move group ``replica`` onto a replacement (a warm spare first, else fresh processes) while
+        it trains: the replacement heals from live peers and commits a step with them, then
+        ``replica`` leaves at a step boundary. Nothing is lost if the replacement does not come:
+        ``replica`` trains on and the replacement is retired."""
+        if not isinstance(replica, int) or isinstance(replica, bool):
+            raise ValueError(f"replica: must be an integer, got {replica!r}")
+        if supervisor is None:
+            raise RuntimeError("drain: the run is not running")
+        if self.config.on_failure == "plain_restart":
+            raise ValueError("drain: a plain_restart job has a fixed world size (one process group over every group, "
+                             "as under torchrun); drain a run with on_failure='peer'")
+        training = [g.index for g in self.groups.active() if g.state == TRAINING]
+        g = next((g for g in self.groups.active() if g.index == replica), None)
+        if g is None or g.state != TRAINING:
+            what = "no such group" if g is None else f"it is {g.state}"
+            raise ValueError(f"replica: cannot drain group {replica} ({what}); training groups: "
+                             f"{', '.join(map(str, training)) or 'none'}")
+        spare = supervisor.spares is not None and supervisor.spares.ready() > 0
+        if not spare and len(self.groups.active()) + 1 > MAX_GROUPS - self.config.spares:
+            raise ValueError(f"drain: no warm spare is ready and the run is at its most groups ({MAX_GROUPS} less "
+                             f"{self.config.spares} spares): there is no room for group {replica}'s replacement; "
+                             "scale down first, or run with spares=1")
+        if not self._lock.acquire(blocking=False):
+            raise RuntimeError("drain: a drain or resize is in progress; wait for it to finish")
+        try:
+            t0 = time.time()
+            new = self.groups.add()
+            self.events.append(Draining(replica=replica, replacement=new.index, reason=reason))
+            supervisor.add_group(new)
+            try:
+                self._wait_for_step(max(x.step for x in self.groups.active()) + 1, [new.index], timeout)
+            except TimeoutError:
+                supervisor.retire(new)
+                raise TimeoutError(f"drain: the replacement (group {new.index}) did not commit a step within "
+                                   f"{timeout:g} s; group {replica} trains on and the replacement was retired") from None
+            supervisor.retire(g)
+            event = Drained(replica=replica, replacement=new.index, seconds=time.time() - t0, from_spare=spare)
             self.events.append(event)
             return event
         finally:

@@ -67,6 +67,20 @@ class SemiSync:
         self.manager.load_state_dict({"step": step // self.period, "batches_committed": 0})
         seam.set_semi_sync_local_steps(self.algorithm, step % self.period)
 
+    def reset_communicator(self, left: bool) -> bool:
+        """The ladder's ``communicator`` rung: our optimizer hooks hold this Manager, so it is kept;
+        the next meeting's quorum gets a new id and every member builds a fresh process group with
+        us. A meeting that failed on the dead group counted a commit failure, which asks for that
+        new id; a fault between meetings has no collective to fail, so the failure is counted here
+        and the next meeting goes ahead with everyone's inner steps. A group that ``left`` the
+        quorum needs a new Manager and new hooks: its process is replaced (raises)."""
+        if left:
+            raise RuntimeError("the group left the quorum; torchft's LocalSGD/DiLoCo hooks hold its Manager: "
+                               "the process is replaced")
+        if seam.commit_failures(self.manager) == 0:
+            seam.count_commit_failure(self.manager)
+        return True
+
     def close(self) -> None:
         """Remove torchft's optimizer hooks."""
         self._context.__exit__(None, None, None)

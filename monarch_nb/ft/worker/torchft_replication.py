@@ -373,27 +373,13 @@ class TorchftReplication(Replication):
         that raised before its commit) a new Manager: its new replica id makes the next quorum a
         new one."""
         if self.semi is not None:
-            return self._reset_semi_sync()
+            self._comms_retries, self._retry_quorum_id = 0, None
+            return self.semi.reset_communicator(left=self._left)
         kept = failed_collective and not self._left and seam.commit_failures(self.manager) > 0
         if not kept:
             self._new_manager()
         self._comms_retries, self._retry_quorum_id = 0, None
         return kept
-
-    def _reset_semi_sync(self) -> bool:
-        """LocalSGD / DiLoCo hold this Manager in their optimizer hooks, so it is kept: the next
-        meeting's quorum gets a new id, and every member builds a fresh process group with us. A
-        meeting that failed on the dead group counted a commit failure, which asks for that new id;
-        a fault between meetings has no collective to fail, so the failure is counted here and the
-        next meeting goes ahead with everyone's inner steps. A group that left the quorum needs a
-        new Manager and new hooks: its process is replaced."""
-        if self._left:
-            raise RuntimeError(f"the group left the quorum; under sync={self.cfg.get('sync')!r} its Manager "
-                               "is held by torchft's optimizer hooks: the process is replaced")
-        if seam.commit_failures(self.manager) == 0:
-            seam.count_commit_failure(self.manager)
-        self._comms_retries, self._retry_quorum_id = 0, None
-        return True
 
     def shutdown(self) -> None:
         self._left = True
