@@ -970,3 +970,44 @@ def test_a_semi_sync_meeting_that_heals_a_group_commits_its_step_after_a_failed_
     assert floor_after_meeting(60, 57, synced=None) == 60  # between meetings: still provisional
     assert floor_after_meeting(60, 7, synced=False) == 60  # a failed meeting heals nobody
     assert floor_after_meeting(0, 60, synced=True) == 0  # a group never behind stays unbounded
+
+
+def test_the_straggler_rule_names_a_slow_group_from_its_own_throughput_and_not_the_noise():
+    """Each group's own throughput (its tokens over forward+backward, waits left out): a 2.5x slow
+    group is named once its window is full; noise of +-25% on a 2-core box names nobody; back
+    at speed it is cleared; a group that left is forgotten."""
+    import random
+
+    from monarch_nb.ft.control.stragglers import StragglerWatch
+    from monarch_nb.telemetry.events import ReplicaState, Step, StragglerCleared, StragglerDetected
+
+    out, acted = [], []
+    watch = StragglerWatch(1.3, 20, "drain", out.append, lambda r, ratio: acted.append((r, ratio)))
+    rng = random.Random(7)
+
+    def steps(first, last, slow_factor=1.0):
+        for s in range(first, last):
+            for r in range(3):
+                rate = 1000.0 * rng.uniform(0.75, 1.25) / (slow_factor if r == 1 else 1.0)
+                watch.observe(Step(t=float(s), replica=r, step=s, loss=1.0, tokens_per_s=rate, committed=True))
+
+    steps(0, 200)
+    assert out == [] and watch.slow() == {}  # no false alarm
+    steps(200, 215, slow_factor=2.5)  # named before its window is all slow steps: the median moved
+    [named] = out
+    assert isinstance(named, StragglerDetected) and named.replica == 1 and named.ratio > 1.3 and named.window == 20
+    steps(215, 240, slow_factor=2.5)
+    assert out == [named] and watch.slow()[1] > 2.0, watch.slow()  # named once
+    import time
+
+    for _ in range(50):
+        if acted:
+            break
+        time.sleep(0.02)
+    assert [r for r, _ in acted] == [1]  # the policy got it, once
+    steps(240, 280)
+    assert isinstance(out[-1], StragglerCleared) and out[-1].replica == 1 and watch.slow() == {}
+    steps(280, 320, slow_factor=3.0)
+    assert 1 in watch.slow()
+    watch.observe(ReplicaState(t=400.0, replica=1, state="retired"))
+    assert watch.slow() == {}

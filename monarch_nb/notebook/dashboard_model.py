@@ -41,6 +41,8 @@ from ..telemetry.events import (
     Scaled,
     SpareState,
     Step,
+    StragglerCleared,
+    StragglerDetected,
     TornDown,
     Validated,
     WorkerFailed,
@@ -168,6 +170,20 @@ class DashboardModel:
         source = "a warm spare" if e.from_spare else "fresh processes"
         self._log(e, f"group {e.replica} moved to group {e.replacement} ({source}) in {e.seconds:.1f} s")
         return {TIMELINE}
+
+    def _on_StragglerDetected(self, e: StragglerDetected) -> set[str]:
+        self.groups.replica(e.replica, e.t).detail = f"slow: its own work takes {e.ratio:.1f}x its peers'"
+        then = {"drain": "; moving it", "drop": "; letting it go, then replacing it"}.get(e.policy, "")
+        self._log(e, f"group {e.replica} is a straggler: {e.ratio:.1f}x slower than its peers over "
+                     f"{e.window} steps{then}")
+        return {HEALTH, TIMELINE}
+
+    def _on_StragglerCleared(self, e: StragglerCleared) -> set[str]:
+        rec = self.groups.replica(e.replica, e.t)
+        if rec.detail.startswith("slow:"):
+            rec.detail = ""
+        self._log(e, f"group {e.replica} keeps up again ({e.ratio:.1f}x)")
+        return {HEALTH, TIMELINE}
 
     def _on_Step(self, e: Step) -> set[str]:
         self.groups.step(e)

@@ -148,7 +148,8 @@ def run_status_html(run_id: str, status: dict) -> str:
     for key, st in status.items():
         who = f"group {key}" if isinstance(key, int) else str(key)
         inner = [esc(st.get("inner", "-"))] if semi else []
-        rows.append([esc(who), badge(st["state"]), esc(st.get("rung") or "-"), esc(st.get("step", "-")), *inner,
+        state = badge(st["state"]) + (f" slow {esc(st['slow'])}x" if st.get("slow") else "")  # a named straggler
+        rows.append([esc(who), state, esc(st.get("rung") or "-"), esc(st.get("step", "-")), *inner,
                      esc(st.get("attempts", "-")), esc(", ".join(str(p) for p in st.get("pids", [])) or "-")])
     heads = ["group", "state", "rung", "step", *(["inner loop"] if semi else []), "restarts", "pids"]
     return (f'<div class="mnb-run-status"><b>run {esc(run_id)}</b>' + table(heads, rows, "mnb-run-groups") + "</div>")

@@ -106,6 +106,8 @@ def add_training_commands(sub: Any) -> None:
     inject.add_argument("--hang-seconds", type=positive_float, default=30.0, help="for 'hang': how long the GIL is held")
     inject.add_argument("--stuck", action="store_true",
                         help="for 'comms': the process cannot rebuild its communicator (the ladder escalates)")
+    inject.add_argument("--factor", type=float, default=2.5,
+                        help="for 'slow': the group's steps take this many times as long (1: back to normal)")
 
     schedule = sub.add_parser("schedule", help="inject random faults periodically (run.schedule)")
     schedule.add_argument("--every", type=positive_float, required=True, metavar="SECONDS")
@@ -311,13 +313,16 @@ class TrainingCommands:
         run = self.current()
         try:
             run.inject(args.kind, replica=args.replica, rank=args.rank, at_step=args.at_step,
-                       after_s=args.after, hang_s=args.hang_seconds, stuck=args.stuck)
+                       after_s=args.after, hang_s=args.hang_seconds, stuck=args.stuck, factor=args.factor)
         except (ValueError, RuntimeError) as exc:  # RuntimeError: the target is not training now
             raise UsageError(str(exc)) from None
         when = f" at step {args.at_step}" if args.at_step is not None else (
             f" after {args.after:g} s" if args.after else "")
         if FaultKind.parse(args.kind) in CLUSTER_KINDS:
             print(f"{args.kind}: sent to the scheduler for replica {args.replica}'s allocation{when}")
+        elif FaultKind.parse(args.kind) is FaultKind.SLOW:
+            print(f"replica {args.replica}'s steps take {args.factor:g}x as long{when}"
+                  + (" (back to normal)" if args.factor == 1 else "; `--factor 1` ends it"))
         else:
             print(f"armed {args.kind} in replica {args.replica} rank {args.rank}{when}")
 

@@ -351,6 +351,29 @@ class Drained(Event):
 
 
 @dataclass(frozen=True, kw_only=True)
+class StragglerDetected(Event):
+    """Group ``replica``'s own work per step is ``ratio`` times its peers' (median throughput over
+    ``window`` committed steps, ``RunConfig.straggler_factor``); ``policy`` says what follows."""
+
+    kind: ClassVar[str] = "straggler_detected"
+    replica: int
+    ratio: float
+    tokens_per_s: float
+    peers_tokens_per_s: float
+    window: int
+    policy: str = "observe"
+
+
+@dataclass(frozen=True, kw_only=True)
+class StragglerCleared(Event):
+    """A group named slow keeps up with its peers again."""
+
+    kind: ClassVar[str] = "straggler_cleared"
+    replica: int
+    ratio: float
+
+
+@dataclass(frozen=True, kw_only=True)
 class Step(Event):
     kind: ClassVar[str] = "step"
     replica: int
@@ -397,6 +420,7 @@ class FaultInjected(Event):
     replica: int
     rank: int
     step: int | None = None
+    factor: float | None = None  # a ``slow`` fault: the group's steps take this many times as long
 
 
 @dataclass(frozen=True, kw_only=True)

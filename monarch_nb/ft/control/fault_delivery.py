@@ -45,6 +45,9 @@ class FaultDelivery:
     def arm(self, fault: Fault) -> int | None:
         """Arm ``fault`` in its target rank; returns the step it is due at."""
         g = self.groups[fault.replica]
+        if fault.kind is FaultKind.SLOW:  # every rank of the group: it is the group that is slow
+            self._live_session().deadline(g.actors, CALL_TIMEOUT_S).slow.call(float(fault.factor))
+            return g.step
         actors = g.actors.slice(gpus=fault.rank) if self.config.group_size > 1 else g.actors
         res = self._live_session().deadline(actors, CALL_TIMEOUT_S).inject.call(
             fault.kind.value, fault.at_step, fault.hang_s, fault.during, fault.stuck)

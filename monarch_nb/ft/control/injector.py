@@ -45,9 +45,9 @@ class FaultInjector:
 
     def inject(self, kind: str | FaultKind, replica: int = 0, rank: int = 0, *, at_step: int | None = None,
                after_s: float | None = None, hang_s: float = 30.0, during: str | None = None,
-               stuck: bool = False) -> Fault:
+               stuck: bool = False, factor: float = 2.5) -> Fault:
         fault = Fault(kind=FaultKind.parse(kind), replica=replica, rank=rank, at_step=at_step, after_s=after_s,
-                      hang_s=hang_s, during=during, stuck=stuck)
+                      hang_s=hang_s, during=during, stuck=stuck, factor=factor)
         fault.validate(len(self._groups.groups), self.group_size)  # groups added by scale() count
         now = self._groups[fault.replica].step
         if fault.at_step is not None and fault.at_step <= now:
@@ -59,7 +59,8 @@ class FaultInjector:
             timer = threading.Timer(fault.after_s, self._fire_quietly, args=(fault,))
             timer.daemon = True
             timer.start()
-            self._emit(FaultInjected(fault=fault.kind.value, replica=replica, rank=rank, step=None))
+            self._emit(FaultInjected(fault=fault.kind.value, replica=replica, rank=rank, step=None,
+                                     factor=_factor(fault)))
             return fault
         self.send(fault)
         return fault
@@ -72,7 +73,7 @@ class FaultInjector:
             raise RuntimeError(f"inject: replica {fault.replica} is {g.state}; allowed targets now: {allowed}")
         step = self._deliver(fault)
         self._emit(FaultInjected(fault=fault.kind.value, replica=fault.replica, rank=fault.rank,
-                                 step=step if step is not None else fault.at_step))
+                                 step=step if step is not None else fault.at_step, factor=_factor(fault)))
 
     def _fire_quietly(self, fault: Fault) -> None:
         """A delayed fault whose target is no longer running is dropped (its injection is recorded)."""
@@ -194,3 +195,7 @@ def skip_reason(wanted: int, fired: int, training: int, keep: int) -> str:
     why = (f"{training} group(s) training and {keep} kept standing leave {room} to fault" if room < wanted
            else "a target stopped training before its fault was armed")
     return f"a scheduled wave fired {fired} of {wanted} fault(s): {why}"
+
+
+def _factor(fault: Fault) -> float | None:
+    return float(fault.factor) if fault.kind is FaultKind.SLOW else None

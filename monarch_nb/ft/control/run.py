@@ -47,6 +47,7 @@ from .run_log import FromTheLog
 from .run_client import RunClient, attach, resume_detached, start_detached
 from .plain_rendezvous import PlainRendezvous
 from .scaling import Scaler
+from .stragglers import watch_stragglers
 from .stopping import SAVE_DEADLINE_MIN_S, ShownView, StopReport, StopSequence, save_deadline
 from .supervisor import Supervisor
 
@@ -112,6 +113,7 @@ class FTRun(FromTheLog):
         self._coordinator = Coordinator(self.events.append)
         self._finish_watch = FinishWatch(self.config, self.groups, self.events, lambda: self.stopped, self.stop)
         self._scaler = Scaler(self.config, self.groups, self.events, self.wait_for_step)
+        self.stragglers = watch_stragglers(self)
         self._stopping = StopSequence(self.run_id, self.events, self.groups, self.placement, self._coordinator,
                                       self.checkpoint_dir, self._quiet, own_session=session is None)
         self._dashboard: ShownView | None = None  # views.build("dashboard"), made on first ask
@@ -187,9 +189,12 @@ class FTRun(FromTheLog):
         ``spare0``, ...): building or ready, and its pids."""
         out: dict[int | str, dict[str, Any]] = dict(self.groups.status())
         every = self.config.sync_every // self.config.fragments if self.config.sync != "step" else None
-        for st in out.values():  # LocalSGD / DiLoCo: where each training group is in its inner loop
+        slow = self.stragglers.slow()
+        for index, st in out.items():  # LocalSGD / DiLoCo: where each training group is in its inner loop
             if every and st["state"] == TRAINING:
                 st["inner"] = f"{st['step'] % every}/{every}"
+            if index in slow:  # named a straggler: its own work takes this many times its peers'
+                st["slow"] = round(slow[index], 2)
         if self.supervisor is not None and self.supervisor.spares is not None:
             out.update(self.supervisor.spares.status())
         return out
@@ -214,13 +219,14 @@ class FTRun(FromTheLog):
         running = self.supervisor if self.started and not self.stopped else None
         return self._scaler.scale(replicas, timeout, running)
 
-    def drain(self, replica: int, timeout: float = 180.0, reason: str = "") -> Drained:
+    def drain(self, replica: int, timeout: float = 180.0, reason: str = "", leave_first: bool = False) -> Drained:
         """A planned move of group ``replica`` (its node is about to go): a replacement - a warm
         spare first, else fresh processes - heals from live peers and commits a step with them
         while ``replica`` still trains, then ``replica`` leaves at a step boundary. The
-        replacement is a new group (its own index). Blocks until done (``drained``)."""
+        replacement is a new group (its own index). ``leave_first`` (the ``drop`` straggler
+        policy): ``replica`` leaves at once, then the replacement comes. Blocks until done."""
         running = self.supervisor if self.started and not self.stopped else None
-        return self._scaler.drain(replica, timeout, running, reason)
+        return self._scaler.drain(replica, timeout, running, reason, leave_first)
 
     # ---- start ------------------------------------------------------------------------
 
@@ -297,14 +303,15 @@ class FTRun(FromTheLog):
 
     def inject(self, kind: str | FaultKind, replica: int = 0, rank: int = 0, *, at_step: int | None = None,
                after_s: float | None = None, hang_s: float = 30.0, during: str | None = None,
-               stuck: bool = False) -> Fault:
+               stuck: bool = False, factor: float = 2.5) -> Fault:
         """Arm a fault in one process of one replica group.
 
         ``at_step=N`` fires inside step N; ``after_s=S`` fires in the first step after S
         seconds; ``during=PHASE`` fires when the process next enters that phase of a quorum
         or heal (``faults.PHASES``: quorum, pg_setup, heal_send, heal_recv); none: the next
         step. ``stuck=True`` (comms only): the process cannot rebuild its communicator, so
-        the ladder must escalate from ``communicator`` to ``process``. Validated before anything is sent; a target that is not training or healing is
+        the ladder must escalate from ``communicator`` to ``process``. ``slow``: the group's steps
+        take ``factor`` times as long from now (1: back to normal). Validated before anything is sent; a target that is not training or healing is
         refused, naming the groups that are. ``corrupt`` needs ``heal_transport="striped"``.
         """
         refuse_corrupt_unless_striped(kind, self.config.heal_transport)
@@ -312,7 +319,7 @@ class FTRun(FromTheLog):
             raise ValueError(f"at_step: {at_step} is past the run's last step (steps={self.config.steps}); it would "
                              f"never fire; allowed: up to {self.config.steps}")
         return self.faults.inject(kind, replica, rank, at_step=at_step, after_s=after_s, hang_s=hang_s,
-                                  during=during, stuck=stuck)
+                                  during=during, stuck=stuck, factor=factor)
 
     def disarm(self) -> int:
         """Drop every armed fault that has not fired yet (in every training or healing group);

@@ -75,11 +75,13 @@ class Scaler:
         finally:
             self._lock.release()
 
-    def drain(self, replica: int, timeout: float, supervisor: Supervisor | None, reason: str = "") -> Drained:
+    def drain(self, replica: int, timeout: float, supervisor: Supervisor | None, reason: str = "",
+              leave_first: bool = False) -> Drained:
         """Move group ``replica`` onto a replacement (a warm spare first, else fresh processes) while
         it trains: the replacement heals from live peers and commits a step with them, then
         ``replica`` leaves at a step boundary. Nothing is lost if the replacement does not come:
-        ``replica`` trains on and the replacement is retired."""
+        ``replica`` trains on and the replacement is retired. ``leave_first`` (a dropped straggler):
+        ``replica`` leaves at once, and the replacement comes after."""
         if not isinstance(replica, int) or isinstance(replica, bool):
             raise ValueError(f"replica: must be an integer, got {replica!r}")
         if supervisor is None:
@@ -104,14 +106,20 @@ class Scaler:
             t0 = time.time()
             new = self.groups.add()
             self.events.append(Draining(replica=replica, replacement=new.index, reason=reason))
+            if leave_first:
+                supervisor.retire(g)
             supervisor.add_group(new)
             try:
                 self._wait_for_step(max(x.step for x in self.groups.active()) + 1, [new.index], timeout)
             except TimeoutError:
+                if leave_first:  # it left already: the replacement stays and goes on healing
+                    raise TimeoutError(f"drop: the replacement (group {new.index}) did not commit a step within "
+                                       f"{timeout:g} s; it goes on joining") from None
                 supervisor.retire(new)
                 raise TimeoutError(f"drain: the replacement (group {new.index}) did not commit a step within "
                                    f"{timeout:g} s; group {replica} trains on and the replacement was retired") from None
-            supervisor.retire(g)
+            if not leave_first:
+                supervisor.retire(g)
             event = Drained(replica=replica, replacement=new.index, seconds=time.time() - t0, from_spare=spare)
             self.events.append(event)
             return event

@@ -68,6 +68,7 @@ def check_run_name(name: object) -> None:
 ON_FAILURE = ("peer", "restart", "plain_restart")
 # Where the recovery ladder may start (its rungs, lowest first: ft/control/ladder.py RUNGS).
 LOWEST_RUNGS = ("communicator", "process")
+STRAGGLER_POLICIES = ("observe", "drain", "drop")
 QUORUMS = ("sync", "async")
 SYNCS = ("step", "local_sgd", "diloco")
 # every failure restarts the whole run from its newest checkpoint
@@ -202,6 +203,8 @@ class RunConfig:
         lowest_rung: where the recovery ladder (ft/control/ladder.py) may start: "communicator"
             (default: a live process whose communicator broke or whose step raised is repaired
             in place), or "process" (every fault replaces the process, as before the ladder).
+        straggler, straggler_factor, straggler_window: a group named slow (ft/control/stragglers.py)
+            is "observe"d, "drain"ed (moved while it trains) or "drop"ped (let go, then replaced).
         repair_timeout_s: an in-place repair must bring its group back (a committed step)
             within this, else the ladder replaces the process (default 20).
         quorum: torchft's quorum per step: "sync" (default: before the forward pass) or "async"
@@ -289,6 +292,9 @@ class RunConfig:
     on_failure: str = "peer"  # "peer": heal from a live peer; "restart": every group restarts from disk
     resume_from: str | None = None  # a new run starts from another run's checkpoint (named, recorded)
     lowest_rung: str = "communicator"  # the ladder's lowest rung; "process": replace every failed process
+    straggler: str = "observe"  # a group named slow: "observe", "drain" (move it) or "drop" (let it go, replace)
+    straggler_factor: float = 1.3  # named slow at this many times below its peers' median throughput
+    straggler_window: int = 20  # ... over this many committed steps of each group
     repair_timeout_s: float = 20.0  # an in-place repair brings its group back within this, else escalates
     quorum: str = "sync"  # torchft's per-step quorum: before the forward pass, or "async" beside it
     sync: str = "step"  # "local_sgd" / "diloco": semi-synchronous, the groups meet every sync_every steps
@@ -343,13 +349,7 @@ class RunConfig:
         need_one_of("platform", PLATFORMS)
         need_one_of("heal_transport", HEAL_TRANSPORTS)
         need_int("heal_streams", 1)
-        if self.heal_interface is not None:
-            if not isinstance(self.heal_interface, str) or not re.fullmatch(r"[A-Za-z0-9_.:@-]{1,15}", self.heal_interface):
-                raise ValueError(f"heal_interface: {self.heal_interface!r} is not a network interface name "
-                                 "(e.g. 'eth1', 'ib0'); None uses the collectives' address")
-            if self.heal_transport == "pg":
-                raise ValueError("heal_interface: a 'pg' heal goes over the collectives' process group; "
-                                 "use heal_transport='striped' (or 'http') to choose the interface")
+        check_heal_interface(self)
         if self.backend not in (None, "gloo", "nccl"):
             raise ValueError(f"backend: unknown value {self.backend!r}; allowed values: gloo, nccl (or None: auto)")
         need_int("min_replicas", 1)
@@ -359,6 +359,7 @@ class RunConfig:
         for name in ("heartbeat_timeout_ms", "join_timeout_ms", "quorum_tick_ms"):
             need_int(name, 1)
         need_one_of("lowest_rung", LOWEST_RUNGS)
+        check_stragglers(self)
         need_one_of("quorum", QUORUMS)
         need_one_of("sync", SYNCS)
         need_int("sync_every", 1)
@@ -515,6 +516,30 @@ def meets_every(config: "RunConfig") -> int | None:
     """Steps between the points where every group holds the same parameters: 1 under per-step
     sync, the sync period under LocalSGD or DiLoCo; None under streaming DiLoCo (never all at once)."""
     return 1 if config.sync == "step" else (config.sync_every if config.fragments == 1 else None)
+
+
+def check_stragglers(c: "RunConfig") -> None:
+    """The straggler rule's settings (``ft/control/stragglers.py``)."""
+    if c.straggler not in STRAGGLER_POLICIES:
+        raise ValueError(f"straggler: unknown value {c.straggler!r}; allowed values: {', '.join(STRAGGLER_POLICIES)}")
+    f, w = c.straggler_factor, c.straggler_window
+    if isinstance(f, bool) or not isinstance(f, (int, float)) or not 1.0 < f <= 10.0:
+        raise ValueError(f"straggler_factor: {f!r}; allowed: above 1 (no slowness) to 10 (1.3: as Falcon and "
+                         "ByteRobust)")
+    if isinstance(w, bool) or not isinstance(w, int) or not 3 <= w <= 10_000:
+        raise ValueError(f"straggler_window: {w!r}; allowed: 3 to 10000 committed steps")
+
+
+def check_heal_interface(c: "RunConfig") -> None:
+    """A named interface for striped/http heals (a 'pg' heal has none of its own)."""
+    if c.heal_interface is None:
+        return
+    if not isinstance(c.heal_interface, str) or not re.fullmatch(r"[A-Za-z0-9_.:@-]{1,15}", c.heal_interface):
+        raise ValueError(f"heal_interface: {c.heal_interface!r} is not a network interface name "
+                         "(e.g. 'eth1', 'ib0'); None uses the collectives' address")
+    if c.heal_transport == "pg":
+        raise ValueError("heal_interface: a 'pg' heal goes over the collectives' process group; "
+                         "use heal_transport='striped' (or 'http') to choose the interface")
 
 
 def check_sync(config: "RunConfig") -> None:

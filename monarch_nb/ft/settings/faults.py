@@ -54,6 +54,7 @@ class FaultKind(str, enum.Enum):
     COMMS = "comms"
     HANG = "hang"
     CORRUPT = "corrupt"
+    SLOW = "slow"
     PREEMPT = "preempt"
     NODE_DOWN = "node_down"
     POD_DELETE = "pod_delete"
@@ -79,7 +80,8 @@ CLUSTER_KINDS = frozenset({FaultKind.PREEMPT, FaultKind.NODE_DOWN, FaultKind.POD
                            FaultKind.NODE_NOTREADY})
 
 # Faults after which nothing fails, so no recovery follows (the check they test records itself).
-FAILS_NOTHING = frozenset({FaultKind.CORRUPT.value})
+FAILS_NOTHING = frozenset({FaultKind.CORRUPT.value, FaultKind.SLOW.value})
+MAX_SLOW_FACTOR = 20.0
 
 
 def refuse_corrupt_unless_striped(kind: "FaultKind | str", heal_transport: str) -> None:
@@ -119,6 +121,7 @@ class Fault:
     hang_s: float = 30.0  # for HANG: how long the GIL is held
     during: str | None = None  # or fire when the process next enters this phase (PHASES)
     stuck: bool = False  # COMMS only: the process cannot rebuild its communicator (a repair hangs hang_s)
+    factor: float = 2.5  # SLOW only: the group's steps take this many times as long (1: back to normal)
 
     def validate(self, replicas: int, group_size: int) -> None:
         FaultKind.parse(self.kind)
@@ -145,9 +148,24 @@ class Fault:
         if self.stuck and FaultKind.parse(self.kind) is not FaultKind.COMMS:
             raise ValueError(f"stuck: only a comms fault can be stuck (its communicator cannot be rebuilt in "
                              f"place); got kind {FaultKind.parse(self.kind).value!r}")
+        if FaultKind.parse(self.kind) is FaultKind.SLOW:
+            refuse_bad_slow(self)
         if self.kind in CLUSTER_KINDS and self.at_step is not None:
             raise ValueError(f"at_step: {self.kind.value} is done through the scheduler, which knows no steps; "
                              "give after_s=SECONDS or nothing (at once)")
+
+
+def refuse_bad_slow(fault: "Fault") -> None:
+    """A ``slow`` fault makes a group's steps ``factor`` times as long, from now until another
+    ``slow`` with factor 1."""
+    f = fault.factor
+    if isinstance(f, bool) or not isinstance(f, (int, float)) or not 1.0 <= f <= MAX_SLOW_FACTOR:
+        raise ValueError(f"factor: a slow fault makes the group's steps take factor times as long; got {f!r}, "
+                         f"allowed: 1 (back to normal) to {MAX_SLOW_FACTOR:g}"
+                         + (" (below 1 would make it faster)" if isinstance(f, (int, float)) and f < 1 else ""))
+    if fault.at_step is not None or fault.during is not None:
+        raise ValueError("at_step/during: a slow fault starts at once (or after_s=SECONDS) and lasts until "
+                         "another slow fault with factor 1")
 
 
 @dataclass

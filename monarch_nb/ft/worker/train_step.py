@@ -65,6 +65,7 @@ class TrainStep:
         self.last_commit: tuple[int, float] | None = None  # (step, unix time) of our last committed step
         self._retry: _Retry | None = None
         self._comms_dead = False
+        self.slow_factor = 1.0  # the ``slow`` fault: this rank's own work takes this many times as long
         self._waiting = False
         self._pending_load: str | None = None
         self._loaded_step: int | None = None
@@ -220,6 +221,8 @@ class TrainStep:
             del pred
         grads = self._local_grads()
         local = torch.cat([g.reshape(-1) for g in grads])
+        if self.slow_factor > 1.0:  # the ``slow`` fault: a throttled device, as a delay in this rank's own work
+            time.sleep((self.slow_factor - 1.0) * (time.time() - t_compute))
         return _Retry(step, total, local, int(n_tokens), time.time() - t_compute), grads
 
     def _average(self, local: torch.Tensor, grads: list[torch.Tensor]) -> None:

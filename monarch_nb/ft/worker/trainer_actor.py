@@ -44,15 +44,13 @@ class TrainerActor(Actor):
         self.group_size = math.prod(point.extent[label] for label in point.extent)
         self.replica, self.attempt, self.fault_log = replica, attempt, fault_log
         self._lock = threading.Lock()
-        # (sequence number, event): kept until the controller acknowledges it (see ``poll``)
-        self._events: collections.deque[tuple[int, dict[str, Any]]] = collections.deque(maxlen=100_000)
+        self._events: collections.deque[tuple[int, dict[str, Any]]] = collections.deque(maxlen=100_000)  # until acked
         self._seq = 0
         self._state = "initializing"
         self._failure: str | None = None
         self._cause: str | None = None  # why a stalled rank stalled: "comms" or "exception"
         self._repaired = threading.Event()
-        # the ladder lets us rebuild our own communicator at once (ladder.communicator_at_once)
-        self._at_once = bool(cfg.get("communicator_at_once"))
+        self._at_once = bool(cfg.get("communicator_at_once"))  # rebuild our own communicator at once (ladder.py)
         self._own: OwnRepair | None = None  # a rebuild done here, not yet collected by the controller
         self._stuck_s = 0.0  # a stuck comms fault: a repair here hangs this long (faults.Fault.stuck)
         self._stop = threading.Event()
@@ -295,10 +293,8 @@ class TrainerActor(Actor):
 
     @endpoint
     def repair(self) -> float:
-        """The ladder's in-process rungs (``communicator``, ``step``): a stalled rank gets a new
-        cross-replica communicator and trains on with its model, optimizer and step (healing at
-        the next quorum if its peers moved on); a rebuild done at once (:meth:`_rebuild_at_once`)
-        is collected instead (the controller bounds the wait). Returns seconds."""
+        """The ladder's in-process rungs (``communicator``, ``step``): a new communicator, model, optimizer
+        and step kept; a rebuild done at once (:meth:`_rebuild_at_once`) is collected instead. Seconds."""
         with self._lock:  # our state says "stalled" until a rebuild here is over
             own, self._own = self._own, None
         if own is not None:
@@ -324,13 +320,17 @@ class TrainerActor(Actor):
     @endpoint
     def inject(self, kind: str, at_step: int | None = None, hang_s: float = 30.0, during: str | None = None,
                stuck: bool = False) -> int:
-        """Arm a fault; it fires inside the first step >= ``at_step`` (next step if None), or
-        when the trainer next enters phase ``during``. Returns the step it is armed for."""
+        """Arm a fault for the first step >= ``at_step`` (None: the next), or phase ``during``; its step."""
         refuse_corrupt_unless_striped(kind, str(self.trainer.cfg.get("heal_transport") or "striped"))
         step = at_step if at_step is not None else self.trainer.current_step() + 1
         with self._lock:
             self._armed.append({"kind": kind, "at_step": at_step, "hang_s": hang_s, "during": during, "stuck": stuck})
         return step
+
+    @endpoint
+    def slow(self, factor: float) -> None:
+        """The ``slow`` fault: this rank's own work takes ``factor`` times as long (train_step.py)."""
+        self.trainer.steps.slow_factor = float(factor)
 
     @endpoint
     def disarm(self) -> int:
