@@ -993,10 +993,12 @@ def test_the_straggler_rule_names_a_slow_group_from_its_own_throughput_and_not_t
 
     steps(0, 200)
     assert out == [] and watch.slow() == {}  # no false alarm
-    steps(200, 215, slow_factor=2.5)  # named before its window is all slow steps: the median moved
+    steps(200, 210, slow_factor=2.5)
+    assert out == []  # over the rule, not for long enough yet
+    steps(210, 228, slow_factor=2.5)  # the median crosses after ~10 slow steps, and stays over for 10
     [named] = out
     assert isinstance(named, StragglerDetected) and named.replica == 1 and named.ratio > 1.3 and named.window == 20
-    steps(215, 240, slow_factor=2.5)
+    steps(228, 240, slow_factor=2.5)
     assert out == [named] and watch.slow()[1] > 2.0, watch.slow()  # named once
     import time
 
