@@ -8,8 +8,12 @@ the same window), and after; how many steps the rule took to name it and how lon
 move took. Then fault-free runs (``--quiet`` configurations, e.g. ``tiny:3,tiny:8,debugmodel:3``)
 count the groups the rule named anyway: false alarms on this noisy machine.
 
-    python bench/bench_stragglers.py [--replicas 3] [--factor 2.5] [--window-steps 40]
+    python bench/bench_stragglers.py [--quick] [--replicas 3] [--factor 2.5] [--window-steps 40]
         [--quiet tiny:3,tiny:8] [--quiet-steps 200] [--out bench/results/stragglers.json]
+
+The JSON's ``records``: per slow run ``policy``, ``slow_factor``, ``named_after_steps``,
+``steps_per_s`` (before, during, after); per fault-free run ``fault_free: true`` and
+``stragglers_named``.
 """
 
 from __future__ import annotations
@@ -70,8 +74,8 @@ def slow_run(policy: str, a: argparse.Namespace, root: str) -> dict:
             during = (len(steps) - 1) / (steps[-1].t - steps[0].t) if len(steps) > 1 else 0.0
             t_end = moved.t
         after, _ = _rate(run, t_end, a.window_steps, 600)
-        return {"policy": policy, "replicas": a.replicas, "model": a.model, "factor": a.factor,
-                "steps_per_s": {"before": before, "during": during, "after": after},
+        return {"policy": policy, "replicas": a.replicas, "model": a.model, "slow_factor": a.factor,
+                "fault_free": False, "steps_per_s": {"before": before, "during": during, "after": after},
                 "after_vs_before": after / before if before else None,
                 "named_after_steps": named_after, "named_ratio": named.ratio,
                 "move_s": moved.seconds if moved else None, "from_spare": moved.from_spare if moved else None}
@@ -91,8 +95,8 @@ def quiet_run(model: str, replicas: int, steps: int, root: str) -> dict:
     finally:
         run.stop()
     named = run.events.events(StragglerDetected)
-    return {"model": model, "replicas": replicas, "steps": steps, "false_alarms": len(named),
-            "named": [(e.replica, round(e.ratio, 2)) for e in named]}
+    return {"model": model, "replicas": replicas, "steps": steps, "fault_free": True, "slow_factor": None,
+            "stragglers_named": len(named), "named": [(e.replica, round(e.ratio, 2)) for e in named]}
 
 
 def main() -> None:
@@ -106,8 +110,11 @@ def main() -> None:
     p.add_argument("--policies", default="observe,drain,drop")
     p.add_argument("--quiet", default="tiny:3,tiny:8", help="fault-free MODEL:GROUPS runs counting false alarms")
     p.add_argument("--quiet-steps", type=int, default=200)
+    p.add_argument("--quick", action="store_true", help="short: observe and drop, tiny x 3 fault-free, 20-step windows")
     p.add_argument("--out", default=None)
     a = p.parse_args()
+    if a.quick:
+        a.policies, a.quiet, a.quiet_steps, a.window_steps, a.warmup = "observe,drop", "tiny:3", 100, 20, 20
     root = tempfile.mkdtemp(prefix="bench-stragglers-")
     slow = [slow_run(policy, a, root) for policy in a.policies.split(",") if policy]
     quiet = [quiet_run(spec.split(":")[0], int(spec.split(":")[1]), a.quiet_steps, root)
@@ -116,9 +123,9 @@ def main() -> None:
                f"{r['steps_per_s']['after']:.1f} steps/s (after/before {r['after_vs_before']:.2f}x), named after "
                f"{r['named_after_steps']} steps" + (f", moved in {r['move_s']:.1f} s" if r["move_s"] else "")
                for r in slow]
-    summary += [f"fault-free {q['model']} x {q['replicas']}: {q['false_alarms']} named in {q['steps']} steps"
+    summary += [f"fault-free {q['model']} x {q['replicas']}: {q['stragglers_named']} named in {q['steps']} steps"
                 for q in quiet]
-    result = {"date": time.strftime("%Y-%m-%d"), "slow": slow, "quiet": quiet, "summary": summary,
+    result = {"date": time.strftime("%Y-%m-%d"), "records": slow + quiet, "summary": summary,
               "command": " ".join(sys.argv)}
     print("\n".join(summary))
     if a.out:

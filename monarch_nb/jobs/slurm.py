@@ -134,6 +134,18 @@ def _check(out: subprocess.CompletedProcess, what: str) -> subprocess.CompletedP
     return out
 
 
+def draining_nodes() -> set[str]:
+    """Nodes an administrator set to DRAIN (``scontrol update nodename=N state=drain``): SLURM
+    starts no new job there, and the jobs on it are about to be ended for maintenance."""
+    out = _check(_run(["scontrol", "show", "node", "-o"]), "scontrol show node")
+    nodes = set()
+    for line in out.stdout.splitlines():
+        fields = dict(tok.split("=", 1) for tok in line.split() if "=" in tok)
+        if "DRAIN" in fields.get("State", "").upper() and fields.get("NodeName"):
+            nodes.add(fields["NodeName"])
+    return nodes
+
+
 def resume_node(node: str) -> None:
     """Return a node marked DOWN (e.g. by the ``node_down`` fault) to service."""
     _check(_run(["scontrol", "update", f"nodename={node}", "state=resume"]), "scontrol update")

@@ -1,0 +1,95 @@
+"""What a planned move costs the run: ``run.drain(R)`` with and without a warm spare, side by side.
+
+One invocation, one run per configuration (R groups of a model, ``--spares 0,1``): after a warm-up,
+group 1 is drained ``--repeats`` times (each time the newest group standing in for it). Each
+record: ``seconds`` (draining -> drained), ``lost_steps`` (steps a survivor did not commit, or
+skipped, while the move ran), ``stall_steps`` (the survivors' longest wait between two committed
+steps in that window, in median steps of the warm-up, less the one step it is anyway),
+``identical`` (every group's digests at a common step after it), ``from_spare``.
+
+    python bench/bench_drain.py [--quick] [--replicas 3] [--spares 0,1] [--repeats 2] [--out bench/results/drain.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+
+def one_run(spares: int, a: argparse.Namespace, root: str) -> list[dict]:
+    from monarch_nb.ft import FTRun, RunConfig
+    from monarch_nb.ft.control.waiting import wait_for_spares
+    from monarch_nb.telemetry.events import Step
+
+    run = FTRun(RunConfig(replicas=a.replicas, model=a.model, spares=spares, runs_root=root,
+                          run_name=f"drain-spares{spares}"))
+    records = []
+    try:
+        run.start()
+        run.wait_for_step(a.warmup, timeout=300)
+        victim = 1
+        for _ in range(a.repeats):
+            if spares:
+                wait_for_spares(run, timeout=600)
+            t_warm = time.time()
+            run.wait_for_step(max(g.step for g in run.groups.active()) + 10, timeout=300)
+            warm = [e.t for e in run.events.events(Step) if e.replica == 0 and e.committed and e.t >= t_warm]
+            step_s = statistics.median(b - a_ for a_, b in zip(warm, warm[1:]))
+            since = time.time()
+            moved = run.drain(victim, timeout=600)
+            survivors = [g.index for g in run.groups.active() if g.index not in (victim, moved.replacement)]
+            window = [e for e in run.events.events(Step) if e.replica in survivors and since <= e.t <= moved.t]
+            lost = sum(1 for e in window if not e.committed)
+            mine = sorted((e for e in window if e.replica == survivors[0] and e.committed), key=lambda e: e.t)
+            steps = [e.step for e in mine]
+            lost += sum(b - a_ - 1 for a_, b in zip(steps, steps[1:]) if b - a_ > 1)
+            times = [since] + [e.t for e in mine] + [moved.t]
+            stall = max(b - a_ for a_, b in zip(times, times[1:])) / step_s - 1 if step_s > 0 else None
+            same = run.check_identical(timeout=180)
+            records.append({"spares": spares, "replicas": a.replicas, "model": a.model, "seconds": moved.seconds,
+                            "lost_steps": lost, "stall_steps": round(stall, 2) if stall is not None else None,
+                            "identical": bool(same is not None and same.identical), "from_spare": moved.from_spare,
+                            "step_s": step_s})
+            victim = moved.replacement
+    finally:
+        run.stop()
+    return records
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--replicas", type=int, default=3)
+    p.add_argument("--model", default="tiny")
+    p.add_argument("--spares", default="0,1", help="configurations to compare, e.g. 0,1")
+    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--warmup", type=int, default=20)
+    p.add_argument("--quick", action="store_true", help="one drain per configuration")
+    p.add_argument("--out", default=None)
+    a = p.parse_args()
+    if a.quick:
+        a.repeats = 1
+    root = tempfile.mkdtemp(prefix="bench-drain-")
+    records = [r for spares in (int(s) for s in a.spares.split(",")) for r in one_run(spares, a, root)]
+    summary = []
+    for spares in sorted({r["spares"] for r in records}):
+        rows = [r for r in records if r["spares"] == spares]
+        summary.append(f"spares={spares}: moved in {statistics.median(r['seconds'] for r in rows):.1f} s (median of "
+                       f"{len(rows)}), lost steps {max(r['lost_steps'] for r in rows)}, survivors' longest stall "
+                       f"{max(r['stall_steps'] for r in rows):.1f} steps, identical "
+                       f"{all(r['identical'] for r in rows)}")
+    print("\n".join(summary))
+    if a.out:
+        Path(a.out).write_text(json.dumps({"date": time.strftime("%Y-%m-%d"), "records": records,
+                                           "summary": summary, "command": " ".join(sys.argv)}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
