@@ -689,7 +689,8 @@ def test_32_groups_share_one_plot_legend_entry_and_the_timeline_shows_the_last_r
     assert len(plot._many.get_xdata()) == 32 * 10 + 31  # every group's points, NaN between groups
     timeline = timeline_html(m, last_recoveries=10)
     # the last 10, and the one still in progress however old
-    assert "data-count='15' data-shown='11'" in timeline and "4 earlier recoveries not shown" in timeline
+    assert "data-count='15' data-shown='11'" in timeline and "<summary>4 earlier recoveries" in timeline
+    assert all(f"<li data-earlier='{i}'>group {i - 1} " in timeline for i in (1, 2, 3, 4))  # one click away
     assert "data-index='0' data-replica='31'" in timeline and "data-index='14' data-replica='13'" in timeline
     assert "data-index='4' " not in timeline and "data-index='5' " in timeline
     assert recoveries_html(m.recoveries, m.started_t, bars=False).count("class='mnb-recovery'") == 15
@@ -734,3 +735,31 @@ def test_a_drain_shows_draining_on_the_group_then_moved_with_its_time():
     text = timeline_html(m)
     assert "group 1 draining: group 2 heals from live peers" in text, text
     assert "group 1 moved to group 2 (a warm spare) in 4.5 s" in text, text
+
+
+def test_the_operators_view_at_many_groups_says_what_it_shows():
+    """Issue 54 item 7, as notebook 06 showed it at 16 groups: phases that added up to more than
+    their total (the controller saw the failure after the group was back), a long timeline bar with
+    nothing saying why, a wave's fault markers on one step with no way to tell the groups apart,
+    and late-answer events at start-up that read like failures."""
+    from monarch_nb.ft.record.recovery import Recovery
+    from monarch_nb.notebook.dashboard_render import timeline_html
+    from monarch_nb.notebook.render_plot import plot_legend_html
+    from monarch_nb.telemetry.events import CallTimedOut
+
+    late = Recovery(replica=3, fault="comms", injected_t=T0, detected_t=T0 + 0.79, detection_s=0.79,
+                    rungs=["communicator"], repaired_t=T0 + 0.2, repair_s=0.2, rejoined_t=T0 + 0.71)
+    spent = sum(d for d in late.durations().values() if d is not None)
+    assert abs(spent - late.total_s) < 1e-9 and late.durations()["detect"] == pytest.approx(0.71), late.durations()
+    row = recoveries_html([late], T0)
+    assert "noticed after 0.79 s" in row  # what the controller measured stays in view
+    assert "class='mnb-bar-most' style='font-size:10px'>detect 0.71 s" in row  # the bar says what it is
+
+    wave = healthy_run(replicas=8, group_size=1, steps=12)
+    wave += [FaultInjected(t=T0 + 12.5, fault="comms", replica=r, rank=0, step=11) for r in (1, 4, 6)]
+    wave += [CallTimedOut(t=T0 + 0.5, mesh="replica2", endpoint="trainer0.poll", missing_ranks=[0], timeout_s=10.0)]
+    m = model_of(wave)
+    assert "faults at step 11: groups 1, 4, 6" in plot_legend_html(m.plot_data())
+    text = timeline_html(m)
+    assert "replica2: trainer0.poll answered late" in text and "not a failure unless one is reported" in text
+    assert "timed out" not in text

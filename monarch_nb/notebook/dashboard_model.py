@@ -299,7 +299,9 @@ class DashboardModel:
 
     def _on_CallTimedOut(self, e: CallTimedOut) -> set[str]:
         again = f", {e.repeats} calls" if e.repeats > 1 else ""
-        self._log(e, f"{e.endpoint} timed out after {e.timeout_s:g} s (ranks {format_ranks(e.missing_ranks)}{again})")
+        # a late answer is not a failure (a group starting up answers its first polls late): say so
+        self._log(e, f"{e.mesh}: {e.endpoint} answered late (no answer within {e.timeout_s:g} s from ranks "
+                     f"{format_ranks(e.missing_ranks)}{again}); not a failure unless one is reported")
         return {TIMELINE}
 
     def _on_ReplicasIdentical(self, e: ReplicasIdentical) -> set[str]:

@@ -235,7 +235,24 @@ def plot_legend_html(data: PlotData) -> str:
             items.append(f"<span style='color:{colour}'>{glyph} {label}</span>")
     return (f"<span class='mnb-plot-caption' data-points='{data.point_count}' data-markers='{len(data.markers)}' "
             f"style='font-size:11px;color:#555'>{' &nbsp; '.join(items)} &nbsp; "
-            f"({data.point_count} points, {len(data.markers)} markers, global step {_step(data)})</span>")
+            f"({data.point_count} points, {len(data.markers)} markers, global step {_step(data)})"
+            f"{_hit_html(data)}</span>")
+
+
+def _hit_html(data: PlotData, last: int = 3) -> str:
+    """Which groups the newest faults hit, by step: a wave's markers sit on one step, one over the
+    other (the groups' losses are alike), so the plot alone cannot say which groups they were."""
+    by_step: dict[int, list[int]] = {}
+    for m in data.markers:
+        if m.kind == "fault" and m.step is not None:
+            by_step.setdefault(m.step, []).append(m.replica)
+    if not by_step:
+        return ""
+    colour = LossPlot.MARKER_STYLE["fault"]["color"]
+    rows = [f"step {step}: group{'s' if len(set(hit)) > 1 else ''} {', '.join(map(str, sorted(set(hit))))}"
+            for step, hit in sorted(by_step.items())[-last:]]
+    return (f"<br><span class='mnb-plot-hits' style='color:{colour}'>&#x2716; faults at "
+            + " &middot; ".join(rows) + "</span>")
 
 
 def heading_text(data: PlotData) -> str:

@@ -23,7 +23,7 @@ PHASE_COLOURS = {"detect": "#d32f2f", "repair": "#ff8f00", "teardown": "#8d6e63"
 RUNG_COLOURS = {"communicator": "#2e7d32", "step": "#558b2f", "process": "#ef6c00", "hosts": "#c62828",
                 "checkpoint": "#6a1b9a"}
 # What the event itself measured, shown under a phase when it differs from the gap.
-PHASE_NOTES = {"teardown": "stop", "acquire": "spawn", "heal": "transfer"}
+PHASE_NOTES = {"detect": "noticed after", "teardown": "stop", "acquire": "spawn", "heal": "transfer"}
 
 
 def recoveries_html(recoveries: list[Recovery], t0: float | None, *, bars: bool = True,
@@ -39,11 +39,16 @@ def recoveries_html(recoveries: list[Recovery], t0: float | None, *, bars: bool 
     shown = [(i + dropped, r) for i, r in enumerate(recoveries) if i >= first or not r.finished]
     rows = []
     if len(shown) < total:
+        held = [(i + dropped, r) for i, r in enumerate(recoveries) if i < first and r.finished]
         where = ("<code>run.history().recoveries()</code> reads all from the event log" if dropped else
                  "the static copy, <code>show_static()</code>, lists all")
+        earlier = "".join(f"<li data-earlier='{i}'>group {r.replica} &middot; {esc(r.fault or 'unplanned')} at "
+                          f"{clock(r.start_t, t0)} &middot; {esc(' → '.join(r.rungs or []) or '-')} &middot; "
+                          f"{secs(r.total_s)} &middot; {esc(r.status)}</li>" for i, r in held)
         rows.append(f"<tr class='mnb-recoveries-earlier'><td colspan='{len(PHASES) + 7 + bool(bars)}' "
-                    f"style='color:#666'>{total - len(shown)} earlier recoveries not shown "
-                    f"({where} {total})</td></tr>")
+                    f"style='color:#666'><details><summary>{total - len(shown)} earlier recoveries "
+                    f"({where} {total})</summary><ul style='margin:2px 0;font-size:11px'>{earlier}</ul>"
+                    f"</details></td></tr>")
     longest = max(((r.total_s or sum(p.duration_s or 0.0 for p in r.phases())) for _, r in shown), default=0.0) or 1.0
     for i, r in shown:
         phases = r.phases()
@@ -52,7 +57,8 @@ def recoveries_html(recoveries: list[Recovery], t0: float | None, *, bars: bool 
             f"<td class='mnb-phase' data-phase='{p.name}' data-seconds='{'' if p.duration_s is None else f'{p.duration_s:.3f}'}'>"
             f"{secs(p.duration_s)}<br><span style='font-size:10px;color:#666'>{clock(p.t, t0)}"
             + (f" &middot; {PHASE_NOTES[p.name]} {secs(p.reported_s)}"
-               if p.reported_s is not None and p.name in PHASE_NOTES else "")
+               if p.reported_s is not None and p.name in PHASE_NOTES
+               and (p.name != "detect" or p.duration_s is None or p.reported_s - p.duration_s > 0.01) else "")
             + "</span></td>" if (p := had.get(name)) is not None else
             f"<td class='mnb-phase-none' data-phase='{name}' style='color:#bbb'>&ndash;</td>"
             for name in PHASES)
@@ -62,7 +68,11 @@ def recoveries_html(recoveries: list[Recovery], t0: float | None, *, bars: bool 
                 f"<span title='{p.name} {secs(p.duration_s)}' style='display:inline-block;height:10px;"
                 f"width:{max(1.0, 160.0 * (p.duration_s or 0.0) / longest):.0f}px;background:{PHASE_COLOURS[p.name]}'></span>"
                 for p in phases if p.duration_s is not None)
-            bar = f"<td style='white-space:nowrap'>{segs}</td>"
+            most = max((p for p in phases if p.duration_s is not None), key=lambda p: p.duration_s or 0.0,
+                       default=None)  # what the bar's length is, in words: a long bar says where it went
+            why = (f" <span class='mnb-bar-most' style='font-size:10px'>{esc(most.name)} {secs(most.duration_s)}</span>"
+                   if most is not None else "")
+            bar = f"<td style='white-space:nowrap'>{segs}{why}</td>"
         fault = r.fault or "unplanned"
         heal = ""
         if r.heal_bytes is not None:

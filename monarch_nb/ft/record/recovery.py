@@ -180,6 +180,9 @@ class Recovery:
                     "acquire": self.acquire_s, "heal": self.heal_s}
         if self.rebuilt_at_once and self.start_t is not None and self.repair_s is not None:
             ends["repair"] = self.start_t + self.repair_s  # the worker's own rebuild, from its failed collective
+        if self.rejoined_t is not None:  # the group was back first (a rebuild at once the controller saw
+            # late): nothing after the rejoin is on the recovery's path, so the phases add up to the total
+            ends = {k: v if v is None or k == "rejoin" else min(v, self.rejoined_t) for k, v in ends.items()}
         out, last = [], self.start_t
         for name in self.phase_names():
             end = ends[name]
