@@ -210,6 +210,10 @@ def test_the_magic_takes_torchtitans_job_form_beside_its_own_flags():
 
     with pytest.raises(UsageError, match="unrecognized arguments: --training.steps 3"):
         _magic_args("train --replicas 2 --training.steps 3")
+    slow = config_from_args(_magic_args("train --replicas 3 --straggler drop --straggler-window 10"))
+    assert (slow.straggler, slow.straggler_window, slow.straggler_factor) == ("drop", 10, 1.3)
+    with pytest.raises(ValueError, match="straggler_factor: 0.9; allowed: above 1"):
+        config_from_args(_magic_args("train --straggler-factor 0.9"))
 
 
 def test_ftrun_takes_a_trainer_config_built_in_python(tmp_path):

@@ -86,6 +86,12 @@ def add_training_commands(sub: Any) -> None:
     train.add_argument("--lowest-rung", default=None, choices=list(LOWEST_RUNGS),
                        help="communicator (default): a live process whose communicator broke or whose step "
                             "raised is repaired in place; process: every fault replaces the process")
+    train.add_argument("--straggler", default=None, choices=["observe", "drain", "drop"],
+                       help="a group named slow (its own work >= --straggler-factor x its peers' over "
+                            "--straggler-window steps): observe (default: named only), drain (moved while it "
+                            "trains), drop (let go at once, then replaced)")
+    train.add_argument("--straggler-factor", type=float, default=None, help="the rule's factor (default 1.3)")
+    train.add_argument("--straggler-window", type=int, default=None, help="the rule's window in steps (default 20)")
     train.add_argument("--quorum", default=None, choices=list(QUORUMS),
                        help="sync (default): torchft's quorum before each step's forward pass; async: beside "
                             "it (a healing group adds no gradient to that step)")
@@ -505,7 +511,8 @@ def _own_fields(args: argparse.Namespace) -> dict[str, Any]:
               "partition": args.partition, "time_limit": args.time_limit, "spares": args.spares,
               "checkpoint_every": args.checkpoint_every, "checkpoint_dir": args.checkpoint_dir,
               "on_failure": args.on_failure, "resume_from": args.resume_from,
-              "lowest_rung": args.lowest_rung, "quorum": args.quorum}
+              "lowest_rung": args.lowest_rung, "quorum": args.quorum, "straggler": args.straggler,
+              "straggler_factor": args.straggler_factor, "straggler_window": args.straggler_window}
     return {k: v for k, v in fields.items() if v is not None}
 
 
