@@ -203,8 +203,9 @@ class RunConfig:
         lowest_rung: where the recovery ladder (ft/control/ladder.py) may start: "communicator"
             (default: a live process whose communicator broke or whose step raised is repaired
             in place), or "process" (every fault replaces the process, as before the ladder).
-        straggler, straggler_factor, straggler_window: a group named slow (ft/control/stragglers.py)
-            is "observe"d, "drain"ed (moved while it trains) or "drop"ped (let go, then replaced).
+        straggler: a group named slow (ft/control/stragglers.py): "observe", "drain" or "drop".
+        straggler_factor: named at this many times below its peers' median throughput (1.3).
+        straggler_window: ... over this many of its committed steps (20).
         repair_timeout_s: an in-place repair must bring its group back (a committed step)
             within this, else the ladder replaces the process (default 20).
         quorum: torchft's quorum per step: "sync" (default: before the forward pass) or "async"
