@@ -763,3 +763,21 @@ def test_the_operators_view_at_many_groups_says_what_it_shows():
     text = timeline_html(m)
     assert "replica2: trainer0.poll answered late" in text and "not a failure unless one is reported" in text
     assert "timed out" not in text
+
+
+def test_the_quorum_panel_says_in_one_figure_what_the_faults_cost():
+    """Seconds the global step stood still past the run's own pace (waits over 3 median steps),
+    and that in steps: a fault-free run's jitter costs nothing."""
+    from monarch_nb.notebook.dashboard_render import quorum_html
+
+    evs = [RunStarted(t=T0, run_id="r", config={"replicas": 2, "group_size": 1})]
+    t = T0 + 1
+    for s in range(1, 80):
+        t += 0.1 * (1.0 + 0.3 * ((s * 7) % 5) / 4) + (4.0 if s == 50 else 0.0)  # jitter, and one 4 s stall
+        evs += [Step(t=t, replica=r, step=s, loss=1.0, tokens_per_s=1.0, committed=True) for r in range(2)]
+    m = model_of(evs)
+    q = m.quorum_summary()
+    assert 3.9 <= q.stalled_s <= 4.1 and 0.1 <= q.pace_s <= 0.13, q
+    assert "<b>faults cost</b> 4.0 s (&asymp; 3" in quorum_html(q)
+    steady = model_of(evs[:2 * 49 + 1]).quorum_summary()
+    assert steady.stalled_s == 0.0, steady

@@ -105,7 +105,15 @@ def quorum_html(q: QuorumSummary) -> str:
             f"style='font-family:sans-serif;font-size:13px;padding:2px 0;white-space:normal;line-height:1.5'>"
             f"<b>quorum</b> {qid} &middot; <span style='color:{colour}'><b>{part}/{q.total_groups}</b> groups "
             f"participating</span><br><b>steps committed</b> {q.steps_committed} / {q.steps_attempted} "
-            f"attempted{pct}<br>global step {gstep}</div>")
+            f"attempted{pct}<br>global step {gstep}{_cost(q)}</div>")
+
+
+def _cost(q: QuorumSummary) -> str:
+    if not q.pace_s:
+        return ""
+    return (f"<br><span class='mnb-fault-cost' data-stalled-s='{q.stalled_s:.2f}'><b>faults cost</b> "
+            f"{q.stalled_s:.1f} s (&asymp; {q.stalled_s / q.pace_s:.0f} steps at its own median of "
+            f"{q.pace_s * 1000:.0f} ms)</span>")
 
 
 # ---- the static page -------------------------------------------------------------------
