@@ -60,6 +60,8 @@ def test_a_semi_sync_run_resumes_between_meetings_and_refuses_other_settings(tmp
     with pytest.raises(ValueError, match=r"resume: the checkpoint of step 23 was written with sync_every=5 and "
                                          r"this run has sync_every=10.*set sync_every=5"):
         FTRun.resume(first.run_dir, steps=30, sync_every=10, checkpoint_every=10)
+    with pytest.raises(ValueError, match=r"sync_steps: unknown config field \(torchtitan's name; here it is sync_every\)"):
+        FTRun.resume(first.run_dir, steps=30, sync_steps=8)
     with pytest.raises(ValueError, match=r"resume_from: .*written with sync='diloco' and this run has "
                                          r"sync='local_sgd'"):
         FTRun(RunConfig(**{**base, "sync": "local_sgd"}, steps=30, run_name="other",

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .field_checks import check_heal_interface, check_stragglers, refuse_unknown_fields
 from .flavors import FLAVOR_NAMES
 from .jobfile import read_job_file
 from .platform import PLATFORMS
@@ -68,7 +69,6 @@ def check_run_name(name: object) -> None:
 ON_FAILURE = ("peer", "restart", "plain_restart")
 # Where the recovery ladder may start (its rungs, lowest first: ft/control/ladder.py RUNGS).
 LOWEST_RUNGS = ("communicator", "process")
-STRAGGLER_POLICIES = ("observe", "drain", "drop")
 QUORUMS = ("sync", "async")
 SYNCS = ("step", "local_sgd", "diloco")
 # every failure restarts the whole run from its newest checkpoint
@@ -417,10 +417,7 @@ class RunConfig:
             if "max_restarts" in old:
                 old["max_respawns"] = old.pop("max_restarts")
             data["respawn"] = old
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ValueError(f"{unknown[0]}: unknown config field; allowed fields: {', '.join(sorted(known))}")
+        refuse_unknown_fields(data, {f.name for f in dataclasses.fields(cls)})
         return cls(**{**data, **nested_from_dict(data)})
 
     @classmethod
@@ -439,10 +436,7 @@ class RunConfig:
             values = current_names(values, origins)
         except ValueError as exc:
             raise ValueError(f"{exc} ({path})") from None
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(overrides) - known)
-        if unknown:
-            raise ValueError(f"{unknown[0]}: unknown config field; allowed fields: {', '.join(sorted(known))}")
+        refuse_unknown_fields(overrides, {f.name for f in dataclasses.fields(cls)})
         cfg = cls(**{**values, **overrides})
         try:
             return cfg.validate()
@@ -517,30 +511,6 @@ def meets_every(config: "RunConfig") -> int | None:
     """Steps between the points where every group holds the same parameters: 1 under per-step
     sync, the sync period under LocalSGD or DiLoCo; None under streaming DiLoCo (never all at once)."""
     return 1 if config.sync == "step" else (config.sync_every if config.fragments == 1 else None)
-
-
-def check_stragglers(c: "RunConfig") -> None:
-    """The straggler rule's settings (``ft/control/stragglers.py``)."""
-    if c.straggler not in STRAGGLER_POLICIES:
-        raise ValueError(f"straggler: unknown value {c.straggler!r}; allowed values: {', '.join(STRAGGLER_POLICIES)}")
-    f, w = c.straggler_factor, c.straggler_window
-    if isinstance(f, bool) or not isinstance(f, (int, float)) or not 1.0 < f <= 10.0:
-        raise ValueError(f"straggler_factor: {f!r}; allowed: above 1 (no slowness) to 10 (1.3: as Falcon and "
-                         "ByteRobust)")
-    if isinstance(w, bool) or not isinstance(w, int) or not 3 <= w <= 10_000:
-        raise ValueError(f"straggler_window: {w!r}; allowed: 3 to 10000 committed steps")
-
-
-def check_heal_interface(c: "RunConfig") -> None:
-    """A named interface for striped/http heals (a 'pg' heal has none of its own)."""
-    if c.heal_interface is None:
-        return
-    if not isinstance(c.heal_interface, str) or not re.fullmatch(r"[A-Za-z0-9_.:@-]{1,15}", c.heal_interface):
-        raise ValueError(f"heal_interface: {c.heal_interface!r} is not a network interface name "
-                         "(e.g. 'eth1', 'ib0'); None uses the collectives' address")
-    if c.heal_transport == "pg":
-        raise ValueError("heal_interface: a 'pg' heal goes over the collectives' process group; "
-                         "use heal_transport='striped' (or 'http') to choose the interface")
 
 
 def check_sync(config: "RunConfig") -> None:
