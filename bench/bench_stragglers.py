@@ -4,7 +4,7 @@ One invocation runs the same slow run once per policy (``observe``, ``drain``, `
 side: R groups of a model, group 1 made ``--factor`` times slower (the ``slow`` fault) after a
 warm-up. For each it records the run's throughput (steps per second committed by group 0, never
 the victim) before the fault, while the slow group is in (until the policy acted; ``observe``:
-the same window), and after; how many steps the rule took to name it and how long the policy's
+the same window), and after (a drained or dropped group: once the spare it took is rebuilt); how many steps the rule took to name it and how long the policy's
 move took. Then fault-free runs (``--quiet`` configurations, e.g. ``tiny:3,tiny:8,debugmodel:3``)
 count the groups the rule named anyway: false alarms on this noisy machine.
 
@@ -73,6 +73,11 @@ def slow_run(policy: str, a: argparse.Namespace, root: str) -> dict:
             steps = [e for e in run.events.events(Step) if e.replica == 0 and e.committed and t_fault <= e.t <= moved.t]
             during = (len(steps) - 1) / (steps[-1].t - steps[0].t) if len(steps) > 1 else 0.0
             t_end = moved.t
+            if a.spares:  # the pool rebuilds the spare it gave: measure once that is done, not beside it
+                from monarch_nb.ft.control.waiting import wait_for_spares
+
+                wait_for_spares(run, timeout=600)
+                t_end = time.time()
         after, _ = _rate(run, t_end, a.window_steps, 600)
         return {"policy": policy, "replicas": a.replicas, "model": a.model, "slow_factor": a.factor,
                 "fault_free": False, "steps_per_s": {"before": before, "during": during, "after": after},

@@ -286,3 +286,20 @@ def test_bench_recovery_names_the_fault_kind_and_sync_mode_behind_every_back_fig
     assert "comms (diloco, rung communicator): victim back median 0.60 s without" in lines
     assert "comms: diloco back 0.60 s vs synchronous 0.30 s (2.0x)" in lines
     assert not any("kill" in line and "diloco" in line for line in lines)
+
+
+def test_the_drain_and_straggler_jsons_hold_the_records_their_benches_write():
+    """bench_drain: lost_steps, stall_steps, identical, seconds per drain; bench_stragglers:
+    slow_factor, policy, named_after_steps, steps_per_s per slow run, and for fault-free runs
+    fault_free with stragglers_named (the figures RESULTS.md quotes)."""
+    results = REPO / "bench" / "results"
+    drain = json.loads((results / "drain.json").read_text())["records"]
+    assert drain and all({"lost_steps", "stall_steps", "identical", "seconds"} <= set(r) for r in drain)
+    assert all(r["lost_steps"] == 0 and r["identical"] for r in drain)
+    slow = json.loads((results / "stragglers.json").read_text())["records"]
+    moved = [r for r in slow if not r["fault_free"]]
+    assert {r["policy"] for r in moved} == {"observe", "drain", "drop"}
+    assert all({"slow_factor", "named_after_steps", "steps_per_s"} <= set(r) for r in moved)
+    assert all(r["named_after_steps"] <= 30 for r in moved)
+    quiet = [r for r in slow if r["fault_free"]]
+    assert {r["replicas"] for r in quiet} >= {3, 8} and all(r["stragglers_named"] == 0 for r in quiet)
