@@ -16,6 +16,7 @@ import time
 import pytest
 
 from monarch_nb.ft import FTRun, RunConfig
+from helpers.agree import all_agree
 from monarch_nb.telemetry.events import (FailureDetected, Healed, Rejoined, Repaired, ReplicasIdentical,
                                          Respawned, RungStarted, Step)
 
@@ -33,7 +34,7 @@ def _run(sync: str, tmp_path_factory, drive) -> tuple[FTRun, dict]:
         run.wait_for_step(SYNC_EVERY + 3, timeout=180)  # inside the second inner loop
         seen["since"] = time.time()
         drive(run, seen)
-        seen["identical"] = run.check_identical(timeout=120)
+        seen["identical"] = all_agree(run, 3)
     finally:
         run.stop()
     return run, seen

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import pytest
 
+from helpers.agree import all_agree
 from monarch_nb.ft import FTRun, RunConfig
 from monarch_nb.telemetry.events import CheckpointLoaded, CheckpointSaved, RunFinished, Step
 
@@ -71,7 +72,7 @@ def test_a_semi_sync_run_resumes_between_meetings_and_refuses_other_settings(tmp
     t0 = first.events.events(Step)[-1].t
     try:
         resumed.start()
-        same = resumed.check_identical(timeout=120)
+        same = all_agree(resumed, 2)
         ended = resumed.wait_for(lambda e: isinstance(e, RunFinished), timeout=240)
     finally:
         resumed.stop()
