@@ -52,7 +52,6 @@ class IdentityChecks:
         self.every = every
         self._emit = emit
         self._lock = threading.Lock()
-        self._requesting = threading.Lock()  # one request at a time: two may aim at one step
         self._pending: dict[int, _Pending] = {}
 
     def request(self, groups: Iterable[tuple[int, int]], ask: Callable[[int, int], bool | None],
@@ -66,15 +65,10 @@ class IdentityChecks:
         groups = list(groups)
         if len(groups) < 2 or self.every is None:
             return None
-        with self._requesting:
-            return self._request(groups, ask, ahead, attempts)
-
-    def _request(self, groups: list[tuple[int, int]], ask: Callable[[int, int], bool | None], ahead: int,
-                 attempts: int) -> int | None:
-        """A check already waiting at the same step is joined, not replaced: a rejoin's own check
-        and the user's ``check_identical`` right after it both aim at the next meeting, and the
-        second used to drop the first's reports and have its unanswered asks leave healthy groups
-        out (CI, 2026-12-06: a verdict of two groups out of three)."""
+        # A check already waiting at the same step is joined, not replaced: a rejoin's own check and
+        # the user's ``check_identical`` right after it both aim at the next meeting; the second used
+        # to drop the first's reports, and its unanswered asks to leave healthy groups out. Requests
+        # run side by side (one waiting for another would aim from a step view gone stale meanwhile).
         base = max(step for _, step in groups)
         for _ in range(attempts):
             target = -(-(base + ahead) // self.every) * self.every  # the next step the groups meet at
@@ -93,8 +87,11 @@ class IdentityChecks:
         with self._lock:
             pending.armed |= {replica for replica, answer in answers.items() if answer}
             for replica, answer in answers.items():
-                if answer is None and replica not in pending.armed:
-                    pending.expected -= {(replica, k) for k in range(self.group_size)}
+                ranks = {(replica, k) for k in range(self.group_size)}
+                if answer:  # armed here, even if another request could not ask it
+                    pending.expected |= ranks - set(pending.got)
+                elif answer is None and replica not in pending.armed:
+                    pending.expected -= ranks
         self._maybe_complete(target)
         return target
 
