@@ -35,6 +35,7 @@ class StragglerWatch:
         self.factor, self.window, self.policy = factor, window, policy
         self._emit, self._act = emit, act
         self._rates: dict[int, collections.deque[float]] = {}
+        self._medians: dict[int, float] = {}  # of each group with a full window, kept as its window moves
         self._slow: dict[int, float] = {}  # named group -> how many times slower than its peers
         self._over: dict[int, int] = {}  # steps in a row a group was over the rule, not named yet
         self._lock = threading.Lock()
@@ -48,6 +49,8 @@ class StragglerWatch:
         with self._lock:
             rates = self._rates.setdefault(e.replica, collections.deque(maxlen=self.window))
             rates.append(e.tokens_per_s)
+            if len(rates) == self.window:  # only this group's median moved: the others' are kept
+                self._medians[e.replica] = statistics.median(rates)
             verdict = self._judge(e.replica)
         if verdict is not None:
             self._emit(verdict)
@@ -61,7 +64,7 @@ class StragglerWatch:
             return dict(self._slow)
 
     def _judge(self, replica: int) -> Event | None:
-        full = {r: statistics.median(q) for r, q in self._rates.items() if len(q) == self.window}
+        full = self._medians
         if replica not in full or len(full) < 2:
             return None
         peers = statistics.median(v for r, v in full.items() if r != replica)
@@ -81,6 +84,7 @@ class StragglerWatch:
     def _forget(self, replica: int) -> None:
         with self._lock:
             self._rates.pop(replica, None)
+            self._medians.pop(replica, None)
             self._slow.pop(replica, None)
             self._over.pop(replica, None)
 
