@@ -23,10 +23,17 @@ process per group, one warm spare) with a dashboard attached in this process:
 and for R <= --restart-max, the same failure with ``on_failure="restart"`` (every group restarts
 from the last durable checkpoint; ``back_s`` is the time until every group committed again).
 
+``--communicators gloo,subprocess`` measures the peer runs once with each cross-group communicator:
+gloo in the worker (today's) and torchft's ProcessGroupBabyGloo (``pg_subprocess``: gloo in a
+subprocess, which an abort kills). Each record and run says which; ``communicators`` in the JSON
+compares them per R (the comms fault's victim back and the survivors' stall) and says whether the
+subprocess won at every R. A run that could not start or recover is kept in ``failures``.
+
 Writes ``{"records": [...], "runs": [...], "parallel_on_a_cluster": {...}, ...}`` and one PNG
 per figure against R beside the JSON.
 
 Usage: python bench/bench_scale.py --groups 2,4,8,16,32 --out bench/results/scale.json [--quick]
+       [--communicators gloo,subprocess]
        [--job slurm]   (the cluster needs R + 1 one-CPU slots: MONARCH_NB_SLURM_CPUS, see README)
 """
 
@@ -88,6 +95,7 @@ class Record:
     acquired_how: str | None
     heal_MB: float | None
     rung: str | None = None  # the recovery ladder's rung that fixed it (communicator, process, ...)
+    communicator: str = "gloo"  # the cross-group communicator: "gloo" (in the worker) or "subprocess"
 
 
 # ---- /proc readings -----------------------------------------------------------------------
@@ -145,16 +153,21 @@ def check_slurm_slots(needed: int) -> None:
                          f"MONARCH_NB_SLURM_CPUS={(needed + 1) // 2} ./run.sh slurm up")
 
 
-def start_run(replicas: int, mode: str, job: str, spares: int, checkpoint_every: int | None = None
-              ) -> tuple[FTRun, float]:
+def start_run(replicas: int, mode: str, job: str, spares: int, checkpoint_every: int | None = None,
+              communicator: str = "gloo", start_timeout: float = 900.0) -> tuple[FTRun, float]:
     if job == "slurm":
         check_slurm_slots(replicas + spares)
     cfg = RunConfig(replicas=replicas, model="tiny", job=job, spares=spares, on_failure=mode,
-                    checkpoint_every=10 if mode == "restart" else checkpoint_every, init_timeout_s=900,
-                    run_name=f"scale-{mode}-r{replicas}-{time.strftime('%H%M%S')}")
+                    checkpoint_every=10 if mode == "restart" else checkpoint_every, init_timeout_s=start_timeout,
+                    pg_subprocess=communicator == "subprocess",
+                    run_name=f"scale-{mode}-{communicator}-r{replicas}-{time.strftime('%H%M%S')}")
     run = FTRun(cfg)
     t0 = time.monotonic()
-    run.start(timeout=900)
+    try:
+        run.start(timeout=start_timeout)
+    except BaseException:
+        run.stop("it did not start")
+        raise
     return run, time.monotonic() - t0
 
 
@@ -221,11 +234,12 @@ def one_failure(run: FTRun, kind: str, victim: int, mode: str) -> tuple[Any, dic
 
 
 def measure(replicas: int, mode: str, job: str, quick: bool, window_s: float,
-            checkpoint_every: int | None = None) -> tuple[list[Record], dict]:
+            checkpoint_every: int | None = None, communicator: str = "gloo",
+            start_timeout: float = 900.0) -> tuple[list[Record], dict]:
     from monarch_nb.notebook.dashboard import Dashboard
 
     spares = 1 if mode == "peer" else 0
-    run, start_s = start_run(replicas, mode, job, spares, checkpoint_every)
+    run, start_s = start_run(replicas, mode, job, spares, checkpoint_every, communicator, start_timeout)
     dash = Dashboard(run.events, controls=run)
     records: list[Record] = []
     try:
@@ -255,8 +269,10 @@ def measure(replicas: int, mode: str, job: str, quick: bool, window_s: float,
                 dashboard_cpu=window["dashboard_cpu"],
                 rss_mb_per_group=statistics.mean(m[0] for m in mem), pss_mb_per_group=statistics.mean(m[1] for m in mem),
                 start_s=start_s, step_s=window["step_s"], acquired_how=rec.acquired_how,
-                heal_MB=rec.heal_bytes / 1e6 if rec.heal_bytes else None, rung=rec.rung, **cost))
-            print(f"R={replicas:<3} {mode:<7} {kind:<5} rung={rec.rung} spare={records[-1].spare!s:<5} detect={rec.detection_s}"
+                heal_MB=rec.heal_bytes / 1e6 if rec.heal_bytes else None, rung=rec.rung,
+                communicator=communicator, **cost))
+            print(f"R={replicas:<3} {mode:<7} {communicator:<10} {kind:<5} rung={rec.rung} "
+                  f"spare={records[-1].spare!s:<5} detect={rec.detection_s}"
                   f" stall={stall_s} back={rec.total_s} heal={rec.heal_s} cpu/group={cost['cpu_s_per_group']:.2f}",
                   flush=True)
         # one check across every group after the last recovery (the rejoins' own checks may have
@@ -269,7 +285,7 @@ def measure(replicas: int, mode: str, job: str, quick: bool, window_s: float,
                 print(f"R={replicas}: no final identity verdict: {str(exc).splitlines()[0]}", flush=True)
         history = run.history()
         checks = history.identity_checks()
-        summary = {"groups": replicas, "mode": mode, "start_s": start_s,
+        summary = {"groups": replicas, "mode": mode, "communicator": communicator, "start_s": start_s,
                    "identity_checks": len(checks), "all_identical": all(c.identical for c in checks),
                    "final_identical": None if final is None else final.identical,
                    "final_identity_groups": None if final is None else len({k.split("/")[0] for k in final.hashes}),
@@ -314,15 +330,18 @@ def plot(records: list[dict], runs: list[dict], out: Path) -> list[str]:
         fig = Figure(figsize=(7, 4), dpi=100)
         ax = fig.subplots()
         for key, label in series:
-            for mode, style in (("peer", "o-"), ("restart", "s--")):
+            for mode, comm, style in (("peer", "gloo", "o-"), ("restart", "gloo", "s--"),
+                                      ("peer", "subprocess", "^:")):
                 groups_of = {}
                 for r in rows:
-                    if r["mode"] == mode and r.get(key) is not None:
+                    if r["mode"] == mode and r.get("communicator", "gloo") == comm and r.get(key) is not None:
                         groups_of.setdefault(r["groups"], []).append(r[key])
                 if groups_of:
                     xs = sorted(groups_of)
+                    tag = mode if comm == "gloo" else f"{mode}, gloo in a subprocess"
                     ax.plot(xs, [statistics.median(groups_of[x]) for x in xs], style,
-                            label=f"{label} ({mode})" if name in FIGURES or mode == "restart" else label)
+                            label=f"{label} ({tag})" if name in FIGURES or mode == "restart" or comm != "gloo"
+                            else label)
         ax.set_xscale("log", base=2)
         ax.set_xlabel("replica groups R")
         ax.set_ylabel(ylabel)
@@ -335,6 +354,36 @@ def plot(records: list[dict], runs: list[dict], out: Path) -> list[str]:
     return written
 
 
+def compare_communicators(records: list[dict], failures: list[dict]) -> dict[str, Any]:
+    """Per R, the comms fault (the communicator rung's fault) with each communicator: medians of the
+    victim back and the survivors' stall; ``subprocess_wins``: faster back and no longer stall at
+    every R measured with both, and no subprocess run that failed (None: nothing to compare)."""
+    per: dict[str, dict[str, Any]] = {}
+    for r in records:
+        if r["mode"] == "peer" and r["kind"] == "comms":
+            cell = per.setdefault(str(r["groups"]), {}).setdefault(r.get("communicator", "gloo"),
+                                                                  {"back_s": [], "stall_steps": [], "rungs": []})
+            cell["back_s"].append(r["back_s"])
+            cell["stall_steps"].append(r["stall_steps"])
+            cell["rungs"].append(r["rung"])
+
+    def med(xs: list[float | None]) -> float | None:
+        known = [x for x in xs if x is not None]
+        return statistics.median(known) if known else None
+
+    table = {g: {c: {"back_s": med(v["back_s"]), "stall_steps": med(v["stall_steps"]), "rungs": v["rungs"]}
+                 for c, v in by.items()} for g, by in sorted(per.items(), key=lambda kv: int(kv[0]))}
+    both = [t for t in table.values() if {"gloo", "subprocess"} <= set(t)]
+    failed = [f for f in failures if f.get("communicator") == "subprocess"]
+    wins = None
+    if both or failed:
+        wins = not failed and all(
+            t["subprocess"]["back_s"] is not None and t["gloo"]["back_s"] is not None
+            and t["subprocess"]["back_s"] < t["gloo"]["back_s"]
+            and (t["subprocess"]["stall_steps"] or 0.0) <= (t["gloo"]["stall_steps"] or 0.0) for t in both)
+    return {"comms_fault_by_groups": table, "subprocess_failures": len(failed), "subprocess_wins": wins}
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--groups", default="2,4,8,16,32")
@@ -345,10 +394,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--job", default="local", choices=("local", "slurm"))
     p.add_argument("--checkpoint-every", type=int, default=None,
                    help="durable checkpoints in the peer runs too (restart runs save every 10 steps)")
+    p.add_argument("--communicators", default="gloo",
+                   help="cross-group communicators to compare: gloo (in the worker), subprocess (ProcessGroupBabyGloo)")
+    p.add_argument("--start-timeout", type=float, default=900.0, help="seconds a run may take to start")
     p.add_argument("--merge", help="a JSON this script wrote: its records and runs for the other R are kept")
     p.add_argument("--out", required=True)
     a = p.parse_args(argv)
     groups = [int(g) for g in a.groups.split(",")]
+    communicators = a.communicators.split(",")
+    if set(communicators) - {"gloo", "subprocess"}:
+        p.error(f"--communicators: {a.communicators!r}; allowed: gloo, subprocess (comma-separated)")
     restart_max = min(a.restart_max, 8) if a.quick else a.restart_max
     window_s = min(a.window_s, 8.0) if a.quick else a.window_s
     t0 = time.monotonic()
@@ -359,6 +414,7 @@ def main(argv: list[str] | None = None) -> int:
     kept = lambda rows: [r for r in rows if r["groups"] not in groups]  # noqa: E731
     rows: list[dict] = []
     runs: list[dict] = []
+    failures: list[dict] = []
 
     def write() -> dict:
         """After every R: what was measured so far survives a later crash."""
@@ -367,20 +423,33 @@ def main(argv: list[str] | None = None) -> int:
                   "seconds": time.monotonic() - t0 + (base["seconds"] if a.merge else 0.0),
                   "records": sorted(kept(base["records"]) + rows, key=lambda r: (r["mode"], r["groups"])),
                   "runs": sorted(kept(base["runs"]) + runs, key=lambda r: (r["mode"], r["groups"])),
+                  "failures": kept(base.get("failures", [])) + failures,
                   "parallel_on_a_cluster": PARALLEL_ON_A_CLUSTER}
         out.write_text(json.dumps(result, indent=1, default=str))
         return result
 
     for replicas in groups:
-        for mode in ("peer", "restart"):
-            if mode == "restart" and replicas > restart_max:
-                continue
-            recs, summary = measure(replicas, mode, a.job, a.quick, window_s, a.checkpoint_every)
-            rows += [asdict(r) for r in recs]
-            runs.append(summary)
-            print(json.dumps(summary), flush=True)
-            write()
+        for communicator in communicators:
+            for mode in ("peer", "restart"):
+                if mode == "restart" and (replicas > restart_max or communicator != "gloo"):
+                    continue
+                try:
+                    recs, summary = measure(replicas, mode, a.job, a.quick, window_s, a.checkpoint_every,
+                                            communicator, a.start_timeout)
+                except Exception as exc:  # noqa: BLE001 - kept in the JSON; the other runs still count
+                    failures.append({"groups": replicas, "mode": mode, "communicator": communicator,
+                                     "error": f"{type(exc).__name__}: {str(exc)[:400]}"})
+                    print(f"R={replicas} {mode} {communicator}: FAILED {failures[-1]['error']}", flush=True)
+                    write()
+                    continue
+                rows += [asdict(r) for r in recs]
+                runs.append(summary)
+                print(json.dumps(summary), flush=True)
+                write()
     result = write()
+    if len(communicators) > 1:
+        result["communicators"] = compare_communicators(result["records"], result["failures"])
+        print(json.dumps(result["communicators"]), flush=True)
     result["figures"] = plot(result["records"], result["runs"], out)
     out.write_text(json.dumps(result, indent=1, default=str))
     print(f"wrote {out} and {len(result['figures'])} PNGs in {result['seconds']:.0f} s")

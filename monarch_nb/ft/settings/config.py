@@ -153,6 +153,8 @@ class RunConfig:
     Platform:
         platform: "auto" (default: a GPU if torch sees one, else CPU), "cpu", "cuda" or "rocm".
         backend: "gloo" or "nccl" (None, default: nccl on GPUs, gloo on CPU).
+        pg_subprocess: the cross-group communicator runs in a subprocess that an abort kills
+            (torchft's ProcessGroupBabyGloo / BabyNCCL; default False: in the worker).
         threads_per_proc: torch intra-op threads in each worker process (default 1).
 
     torchft timing and transport:
@@ -271,6 +273,7 @@ class RunConfig:
     # platform
     platform: str = "auto"  # auto, cpu, cuda, rocm
     backend: str | None = None  # override the collective backend (gloo / nccl)
+    pg_subprocess: bool = False  # the cross-group communicator in a subprocess (torchft's Baby groups)
     threads_per_proc: int = 1  # torch intra-op threads in each worker
     # torchft
     min_replicas: int = 1  # fewest groups a step may commit with (torchft's min_replica_size)

@@ -83,12 +83,16 @@ class TorchftReplication(Replication):
         from .heal_transport import QuorumPeers, interface_address
 
         timeout = timedelta(seconds=float(self.cfg.get("pg_timeout_s", 10)))
-        if self.parts.platform.backend == "nccl":
-            pg: ProcessGroup = torchft.ProcessGroupNCCL(timeout=timeout)
+        nccl, baby = self.parts.platform.backend == "nccl", bool(self.cfg.get("pg_subprocess"))
+        if baby:  # the communicator in a subprocess: an abort kills it, peers blocked on it fail at once
+            from .subprocess_pg import subprocess_process_group
+
+            pg: ProcessGroup = subprocess_process_group(nccl, timeout)
         else:
-            pg = torchft.ProcessGroupGloo(timeout=timeout)
+            pg = torchft.ProcessGroupNCCL(timeout=timeout) if nccl else torchft.ProcessGroupGloo(timeout=timeout)
         configure = pg.configure
-        connect = timeout / 4 if self.parts.platform.backend != "nccl" else timeout
+        # (a Baby group's connect also starts its subprocess, a new interpreter importing torch)
+        connect = timeout / 4 if not (nccl or baby) else timeout
 
         def configure_in_phase(store_addr: str, replica_id: str, rank: int, world_size: int,
                                *args: Any, **kwargs: Any) -> Any:  # the quorum's process group is built
