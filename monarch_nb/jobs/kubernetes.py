@@ -378,6 +378,9 @@ def _service(spec: KubernetesSpec) -> dict[str, Any]:
                      "ports": [{"name": "monarch", "port": spec.port}]}}
 
 
+DRAIN_GRACE_S = 60  # how long an evicted worker's pod serves on: its group's move takes ~5-30 s
+
+
 def _disruption_budget(spec: KubernetesSpec) -> dict[str, Any]:
     """At most one host of a mesh may be disrupted voluntarily at a time (a drain, an eviction):
     the run replaces it while the others keep training."""
@@ -411,10 +414,13 @@ def _stateful_set(spec: KubernetesSpec) -> dict[str, Any]:
     }
     if resources(spec):
         container["resources"] = {"requests": resources(spec), "limits": resources(spec)}
+    # A planned eviction (``kubectl drain``) that names no grace period gets DRAIN_GRACE_S, the
+    # worker serving on through it (the preStop sleep): the run moves its group to another node
+    # first (ft/control/node_drains.py). The run's own stops delete pods with no grace period.
+    container["lifecycle"] = {"preStop": {"sleep": {"seconds": DRAIN_GRACE_S - 5}}}
     # Workers never call the API server, and anyone who reaches their port can run code on them.
-    # A worker is stopped by deleting its pod: no grace period to wait out (its state lives in its peers).
     pod: dict[str, Any] = {"automountServiceAccountToken": False, "containers": [container],
-                           "terminationGracePeriodSeconds": 0}
+                           "terminationGracePeriodSeconds": DRAIN_GRACE_S}
     if spec.node_selector:
         pod["nodeSelector"] = dict(spec.node_selector)
     # Spread over the nodes where it can (a node lost then takes as few hosts as it can): a mesh's

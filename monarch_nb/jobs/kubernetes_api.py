@@ -204,8 +204,8 @@ def delete(api: Any, target: ApiTarget, name: str, *, selector: str, timeout_s: 
         if not left:
             return
         waited = time.monotonic() - start
-        for pod in left:  # the StatefulSet is gone; its pods go at once rather than in turn
-            if pod.metadata.deletion_timestamp is None or waited > FORCE_AFTER_S:
+        for pod in left:  # the StatefulSet is gone; its pods go at once (not in turn, not after their grace)
+            if pod.metadata.deletion_timestamp is None or waited > FORCE_AFTER_S or graceful_departure(pod):
                 delete_pod(api, target, pod.metadata.name)
         if waited > timeout_s:
             raise KubernetesPodError(f"pods of {name} still present {timeout_s:.0f} s after deleting it: "
@@ -214,6 +214,25 @@ def delete(api: Any, target: ApiTarget, name: str, *, selector: str, timeout_s: 
 
 
 FORCE_AFTER_S = 3.0
+
+
+def planned_departures(api: Any, target: ApiTarget) -> dict[str, str]:
+    """What is about to leave, planned (``kubectl drain``): ``"node N"`` for each cordoned node,
+    ``"pod P"`` for each pod of the namespace evicted or deleted with a grace period left."""
+    from kubernetes import client
+
+    core = client.CoreV1Api(api)
+    out = {f"node {n.metadata.name}": "is cordoned" for n in core.list_node().items if n.spec.unschedulable}
+    for pod in core.list_namespaced_pod(target.namespace).items:
+        if graceful_departure(pod):
+            out[f"pod {pod.metadata.name}"] = f"is being evicted ({pod.metadata.deletion_grace_period_seconds} s grace)"
+    return out
+
+
+def graceful_departure(pod: Any) -> bool:
+    """A running pod evicted or deleted with a grace period: it serves on until the grace ends."""
+    return (pod.metadata.deletion_timestamp is not None and (pod.metadata.deletion_grace_period_seconds or 0) > 0
+            and pod.status.phase == "Running")
 
 
 def delete_pod(api: Any, target: ApiTarget, pod: str) -> None:

@@ -2,8 +2,8 @@
 
 Two threads per pod set, each a ``kubernetes`` watch (pods by the set's selector; the nodes the
 pods run on), keep what Kubernetes last said; ``status()`` reads it without an API call, once a
-second from the session's failure watch. A pod deleted or evicted, a pod whose container stopped
-being ready, or a node gone NotReady (its kubelet stopped posting status) turns the status from
+second from the session's failure watch. A pod deleted or evicted (with no grace period left to
+serve in), a pod whose container stopped being ready, or a node gone NotReady (its kubelet stopped posting status) turns the status from
 RUNNING into the state and reason that fail the mesh, usually before Monarch's own supervision
 notices a silent host.
 """
@@ -104,8 +104,14 @@ class PodSetWatch:
 
 
 def _pod_problem(event_type: str, pod: Any) -> tuple[str, str] | None:
-    """(state, reason) for a pod that no longer serves its mesh, else None."""
+    """(state, reason) for a pod that no longer serves its mesh, else None. A pod evicted with a
+    grace period (``kubectl drain``) still serves: the run moves its group (ft/control/node_drains.py);
+    when the grace ends its deletion is the problem."""
+    from .kubernetes_api import graceful_departure
+
     name = pod.metadata.name
+    if event_type != "DELETED" and graceful_departure(pod):
+        return None
     disruption = next((c for c in pod.status.conditions or [] if c.type == "DisruptionTarget"
                        and c.status == "True"), None)
     if disruption is not None:

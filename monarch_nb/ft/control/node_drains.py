@@ -1,11 +1,17 @@
-"""Planned maintenance from the orchestrator: a group on a node set to DRAIN is moved before the
+"""Planned maintenance from the orchestrator: a group on a node being drained is moved before the
 node goes (issue 54). Controller side.
 
 SLURM: an administrator's ``scontrol update nodename=N state=drain`` lets the jobs on N run on but
-starts none there; the jobs are ended later, for the maintenance. The watch reads the nodes'
-states every ``every`` seconds and drains (``FTRun.drain``: a replacement heals and commits a step
-with the others, then the group leaves) every training group whose allocation holds a draining
-node; the replacement's allocation lands elsewhere because SLURM schedules nothing on N.
+starts none there; the jobs are ended later, for the maintenance.
+Kubernetes: ``kubectl drain N`` cordons N (nothing new is scheduled there) and evicts its pods,
+each with its grace period; a worker's pod keeps serving through it (``kubernetes.DRAIN_GRACE_S``,
+a preStop sleep), and an eviction with a grace period is not a failure of the mesh
+(``kubernetes_watch``). A pod evicted alone (its node not cordoned) is moved the same way.
+
+The watch looks every ``every`` seconds and drains (``FTRun.drain``: a replacement heals and
+commits a step with the others, then the group leaves) every training group on a place that is
+leaving (a node, or on Kubernetes one of its pods); the replacement lands elsewhere because the
+scheduler starts nothing on a draining or cordoned node.
 """
 
 from __future__ import annotations
@@ -21,12 +27,13 @@ EVERY_S = 2.0  # how often the nodes' states are read (one scontrol call)
 
 
 class NodeDrainWatch:
-    """Moves groups off draining nodes: ``nodes_of(group)`` names a group's nodes, ``draining()``
-    the nodes being drained, ``drain(replica, reason)`` moves one group (blocking)."""
+    """Moves groups off leaving places: ``places_of(group)`` names a group's nodes (and pods),
+    ``draining()`` each leaving place with why (``"node n2": "is cordoned"``), ``drain(replica,
+    reason)`` moves one group (blocking)."""
 
-    def __init__(self, groups: Any, nodes_of: Callable[[Any], list[str]], draining: Callable[[], set[str]],
+    def __init__(self, groups: Any, places_of: Callable[[Any], list[str]], draining: Callable[[], dict[str, str]],
                  drain: Callable[[int, str], Any], every: float = EVERY_S) -> None:
-        self.groups, self._nodes_of, self._draining, self._drain = groups, nodes_of, draining, drain
+        self.groups, self._places_of, self._draining, self._drain = groups, places_of, draining, drain
         self.every = every
         self._moving: set[int] = set()  # groups whose move started (each is moved once)
         self._stop = threading.Event()
@@ -50,11 +57,11 @@ class NodeDrainWatch:
         for g in self.groups.active():
             if g.state != TRAINING or g.index in self._moving:
                 continue
-            on = sorted(set(self._nodes_of(g)) & draining)
+            on = sorted(set(self._places_of(g)) & set(draining))
             if on:
                 self._moving.add(g.index)
                 started.append(g.index)
-                threading.Thread(target=self._move, args=(g.index, f"node {on[0]} set to DRAIN"),
+                threading.Thread(target=self._move, args=(g.index, f"{on[0]} {draining[on[0]]}"),
                                  name=f"ft-drain-{g.index}", daemon=True).start()
         return started
 
@@ -62,7 +69,7 @@ class NodeDrainWatch:
         try:
             self._drain(replica, reason)
         except Exception as exc:  # refused or failed: it may be tried again at the next look
-            log.warning("moving group %d off a draining node: %s", replica, exc)
+            log.warning("moving group %d off a leaving node: %s", replica, exc)
             self._moving.discard(replica)
 
     def _loop(self) -> None:
@@ -70,19 +77,37 @@ class NodeDrainWatch:
             self.check()
 
 
-def slurm_drain_watch(run: Any) -> NodeDrainWatch:
-    """The watch for a run whose groups hold SLURM allocations; it ends when the run stops."""
-    from ...jobs.slurm import draining_nodes
+def node_drain_watch(run: Any) -> NodeDrainWatch | None:
+    """The watch for a run whose groups hold SLURM allocations or Kubernetes pod sets (None for
+    others); it ends when the run stops."""
+    if run.config.job == "slurm":
+        from ...jobs.slurm import draining_nodes
 
-    def nodes_of(g: Any) -> list[str]:
+        def draining() -> dict[str, str]:
+            return {f"node {n}": "set to DRAIN" for n in draining_nodes()}
+    elif run.config.job == "kubernetes":
+        from ...jobs import kubernetes_api as kapi
+        from ..settings.config import kubernetes_spec
+
+        spec = kubernetes_spec(run.config)
+        target = kapi.ApiTarget(spec.namespace, spec.kubeconfig, spec.context)
+        api = kapi.api_client(target)
+
+        def draining() -> dict[str, str]:
+            return kapi.planned_departures(api, target)
+    else:
+        return None
+
+    def places_of(g: Any) -> list[str]:
         session = run.session
         allocation = getattr(session.mesh(g.name), "allocation", None) if session and g.name in session.meshes \
             else None
-        return list(getattr(allocation, "nodes", []) or [])
+        return [f"node {n}" for n in getattr(allocation, "nodes", []) or []] + \
+            [f"pod {p}" for p in getattr(allocation, "pods", []) or []]
 
     def drain(replica: int, reason: str) -> Any:
         return run.drain(replica, reason=reason)
 
-    watch = NodeDrainWatch(run.groups, nodes_of, draining_nodes, drain)
+    watch = NodeDrainWatch(run.groups, places_of, draining, drain)
     run.events.subscribe(lambda e: watch.stop() if getattr(e, "kind", "") == "run_stopped" else None)
     return watch

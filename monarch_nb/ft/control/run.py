@@ -47,7 +47,7 @@ from .run_log import FromTheLog
 from .run_client import RunClient, attach, resume_detached, start_detached
 from .plain_rendezvous import PlainRendezvous
 from .scaling import Scaler
-from .node_drains import slurm_drain_watch
+from .node_drains import node_drain_watch
 from .stragglers import watch_stragglers
 from .stopping import SAVE_DEADLINE_MIN_S, ShownView, StopReport, StopSequence, save_deadline
 from .supervisor import Supervisor
@@ -115,7 +115,7 @@ class FTRun(FromTheLog):
         self._finish_watch = FinishWatch(self.config, self.groups, self.events, lambda: self.stopped, self.stop)
         self._scaler = Scaler(self.config, self.groups, self.events, self.wait_for_step)
         self.stragglers = watch_stragglers(self)
-        self._node_drains: Any = None  # job="slurm": NodeDrainWatch
+        self._node_drains: Any = None  # job="slurm" or "kubernetes": NodeDrainWatch
         self._stopping = StopSequence(self.run_id, self.events, self.groups, self.placement, self._coordinator,
                                       self.checkpoint_dir, self._quiet, own_session=session is None)
         self._dashboard: ShownView | None = None  # views.build("dashboard"), made on first ask
@@ -285,8 +285,9 @@ class FTRun(FromTheLog):
             self._finish_watch.watch(sup, self._session)
         sup.watch()
         self._coordinator.watch()
-        if cfg.job == "slurm":  # groups on a node an administrator drains are moved before it goes
-            self._node_drains = slurm_drain_watch(self).start()
+        self._node_drains = node_drain_watch(self)  # groups on a node being drained move before it goes
+        if self._node_drains is not None:
+            self._node_drains.start()
         if sup.spares is not None:
             sup.spares.fill()  # in the background, after the groups: they compete for the same cores
         return self
