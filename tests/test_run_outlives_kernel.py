@@ -65,8 +65,11 @@ def test_a_named_run_outlives_a_kernel_restart_and_a_new_kernel_attaches_heals_a
             %monarch inject kill --replica 1
             %monarch wait rejoin --replica 1 --timeout 180
             %monarch check --timeout 60
+            %monarch stacks --replica 0
         """), timeout=400)
         assert status == "ok", out
+        # the stacks are read by the run's host (py-spy there) and come back over its socket
+        assert "=== replica0" in out and "(pid " in out, out
         assert "keep" in out.split("attached to run")[0], "runs lists the live run"
         assert "attached to run keep" in out and "REPLAY 0 2 tiny" in out, out
         assert "replica 1 rejoined at step" in out and "replicas bit-identical" in out, out

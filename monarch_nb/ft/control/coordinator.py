@@ -20,7 +20,7 @@ from typing import Callable
 from ...telemetry.events import Event, LighthouseFailed, LighthouseRestarted, LighthouseStarted
 from ..settings.config import RunConfig
 from .groups import ReplicaGroup
-from .lighthouse import Lighthouse, LighthouseSettings, join_timeout_for
+from .lighthouse import Lighthouse, LighthouseSettings, join_timeout_for, meeting_join_timeout
 from .name_lookup import reverse_lookup_finding
 from .placement import Placement
 from .plain_rendezvous import PlainRendezvous
@@ -52,6 +52,8 @@ class Coordinator:
         join_ms = cfg.join_timeout_ms
         if placement.shares_this_host:
             join_ms = join_timeout_for(join_ms, (cfg.replicas + cfg.spares) * cfg.group_size, os.cpu_count() or 1)
+        if cfg.sync != "step":
+            join_ms = meeting_join_timeout(join_ms, max(1, cfg.sync_every // cfg.fragments))
         if cfg.on_failure == "plain_restart":  # no torchft: the job's store instead of a Lighthouse
             self.rendezvous = PlainRendezvous(placement.bind_host)
             return

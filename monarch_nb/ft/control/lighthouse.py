@@ -34,6 +34,21 @@ def join_timeout_for(base_ms: int, processes_here: int, cpus: int) -> int:
     return int(base_ms * min(MAX_JOIN_STRETCH, max(1.0, processes_here / max(cpus, 1))))
 
 
+MAX_MEETING_JOIN_MS = 60_000
+
+
+def meeting_join_timeout(join_ms: int, steps_between: int) -> int:
+    """LocalSGD / DiLoCo: the groups ask for a quorum only at meetings, each after its own inner
+    loop, so they arrive spread by up to a loop's worth of work. A group that missed a meeting's
+    quorum keeps its request at the Lighthouse through the others' whole next loop; with a join
+    timeout shorter than that loop, the next quorum formed as soon as one other group came (the
+    waiter's request was old enough), leaving out the third - at every meeting, a new group out
+    each time, each then healed (CI: 2 of 3 groups at 10 meetings in a row). Waiting
+    ``steps_between`` join timeouts (at most 60 s) lets every live group come. A dead one is not
+    waited for (its heartbeats stop); a hung one is ended by the hang watch."""
+    return min(MAX_MEETING_JOIN_MS, join_ms * steps_between)
+
+
 @dataclass(frozen=True)
 class LighthouseSettings:
     bind: str = "127.0.0.1:0"

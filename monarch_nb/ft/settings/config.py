@@ -164,7 +164,8 @@ class RunConfig:
         join_timeout_ms: how long the Lighthouse waits for more groups to join before it
             forms a quorum with the ones it has (default 1000). When every group shares this
             host, stretched by processes per core (at most 8x): survivors starved of CPU come to
-            the next quorum late, and one left out must heal from a peer.
+            the next quorum late, and one left out must heal from a peer. LocalSGD / DiLoCo: times
+            the steps between meetings, at most 60 s (the groups come to a meeting spread).
         quorum_tick_ms: how often the Lighthouse re-evaluates the quorum (default 20).
         pg_timeout_s: cross-replica collectives give up after this (default 10 s); a quorum's new
             gloo group must connect within a quarter of it (a member that died as the quorum
