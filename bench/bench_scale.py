@@ -203,7 +203,8 @@ def wait_spare_ready(run: FTRun, timeout: float = 600.0) -> bool:
     return True
 
 
-def one_failure(run: FTRun, kind: str, victim: int, mode: str) -> tuple[Any, dict[str, float | None]]:
+def one_failure(run: FTRun, kind: str, victim: int, mode: str, timeout: float = 600.0
+                ) -> tuple[Any, dict[str, float | None]]:
     """Inject ``kind`` into ``victim`` and wait out the recovery; returns it and its CPU cost."""
     pids = worker_pids(run)
     before = {p: cpu_s(p) for ps in pids.values() for p in ps}
@@ -211,7 +212,7 @@ def one_failure(run: FTRun, kind: str, victim: int, mode: str) -> tuple[Any, dic
     since = time.time()
     run.inject(kind, replica=victim)
     if mode == "peer":
-        run.wait_for(lambda e: e.kind == "rejoined" and e.replica == victim, timeout=600, since=since)
+        run.wait_for(lambda e: e.kind == "rejoined" and e.replica == victim, timeout=timeout, since=since)
     else:
         run.wait_for(lambda e: e.kind == "restarted_from_checkpoint", timeout=900, since=since)
         for r in range(len(list(run.groups))):
@@ -226,7 +227,7 @@ def one_failure(run: FTRun, kind: str, victim: int, mode: str) -> tuple[Any, dic
             workers += now - before[p] if before.get(p) is not None else now  # a new process: all its CPU
     victim_cpu = sum(cpu_s(p) or 0.0 for p in new[victim] if p not in before) or None
     # the survivors' figures need commits after the rejoin: wait two more steps of the run
-    run.wait_for_step(max(g.step for g in run.groups) + 2, timeout=600)
+    run.wait_for_step(max(g.step for g in run.groups) + 2, timeout=timeout)
     rec = next(r for r in reversed(run.history().recoveries()) if r.replica == victim and (r.start_t or 0) >= since - 1)
     cost = {"cpu_s_per_group": (workers + controller) / len(new), "victim_cpu_s": victim_cpu,
             "box_busy": (b1[0] - b0[0]) / max(1, b1[1] - b0[1])}
@@ -235,7 +236,8 @@ def one_failure(run: FTRun, kind: str, victim: int, mode: str) -> tuple[Any, dic
 
 def measure(replicas: int, mode: str, job: str, quick: bool, window_s: float,
             checkpoint_every: int | None = None, communicator: str = "gloo",
-            start_timeout: float = 900.0) -> tuple[list[Record], dict]:
+            start_timeout: float = 900.0, faults: tuple[str, ...] | None = None,
+            fault_timeout: float = 600.0) -> tuple[list[Record], dict]:
     from monarch_nb.notebook.dashboard import Dashboard
 
     spares = 1 if mode == "peer" else 0
@@ -254,11 +256,20 @@ def measure(replicas: int, mode: str, job: str, quick: bool, window_s: float,
         plan = [("kill", "ready"), ("comms", "now")] if mode == "peer" else [("kill", "now")]
         if mode == "peer" and not quick:
             plan += [("comms", "ready"), ("kill", "now")]
+        if faults:  # only these kinds, in this order
+            plan = [(k, "ready" if k == "kill" and mode == "peer" else "now") for k in faults]
+        unrecovered: list[dict] = []
         for n, (kind, when) in enumerate(plan):
             if when == "ready":
                 wait_spare_ready(run)
             victim = 1 + n % (replicas - 1)
-            rec, cost = one_failure(run, kind, victim, mode)
+            try:
+                rec, cost = one_failure(run, kind, victim, mode, fault_timeout)
+            except TimeoutError as exc:  # kept as a failure of this fault; the run is not trusted after it
+                unrecovered.append({"kind": kind, "error": f"not recovered in {fault_timeout:g} s: "
+                                                          f"{str(exc).splitlines()[0][:300]}"})
+                print(f"R={replicas} {communicator} {kind}: NOT RECOVERED in {fault_timeout:g} s", flush=True)
+                break
             stall_s = rec.survivor_stall_s if mode == "peer" else rec.total_s
             records.append(Record(
                 groups=replicas, kind=kind, spare=rec.acquired_how == "spare", mode=mode,
@@ -278,7 +289,7 @@ def measure(replicas: int, mode: str, job: str, quick: bool, window_s: float,
         # one check across every group after the last recovery (the rejoins' own checks may have
         # been overtaken by the next fault)
         final = None
-        if mode == "peer":
+        if mode == "peer" and not unrecovered:
             try:
                 final = run.check_identical(timeout=300)
             except TimeoutError as exc:  # recorded as no verdict: the figures above still count
@@ -286,6 +297,7 @@ def measure(replicas: int, mode: str, job: str, quick: bool, window_s: float,
         history = run.history()
         checks = history.identity_checks()
         summary = {"groups": replicas, "mode": mode, "communicator": communicator, "start_s": start_s,
+                   "unrecovered": unrecovered,
                    "identity_checks": len(checks), "all_identical": all(c.identical for c in checks),
                    "final_identical": None if final is None else final.identical,
                    "final_identity_groups": None if final is None else len({k.split("/")[0] for k in final.hashes}),
@@ -397,6 +409,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--communicators", default="gloo",
                    help="cross-group communicators to compare: gloo (in the worker), subprocess (ProcessGroupBabyGloo)")
     p.add_argument("--start-timeout", type=float, default=900.0, help="seconds a run may take to start")
+    p.add_argument("--faults", default=None, help="only these fault kinds, in order (e.g. comms,kill)")
+    p.add_argument("--fault-timeout", type=float, default=600.0, help="seconds a fault may take to recover")
     p.add_argument("--merge", help="a JSON this script wrote: its records and runs for the other R are kept")
     p.add_argument("--out", required=True)
     a = p.parse_args(argv)
@@ -435,7 +449,8 @@ def main(argv: list[str] | None = None) -> int:
                     continue
                 try:
                     recs, summary = measure(replicas, mode, a.job, a.quick, window_s, a.checkpoint_every,
-                                            communicator, a.start_timeout)
+                                            communicator, a.start_timeout,
+                                            tuple(a.faults.split(",")) if a.faults else None, a.fault_timeout)
                 except Exception as exc:  # noqa: BLE001 - kept in the JSON; the other runs still count
                     failures.append({"groups": replicas, "mode": mode, "communicator": communicator,
                                      "error": f"{type(exc).__name__}: {str(exc)[:400]}"})
@@ -444,6 +459,8 @@ def main(argv: list[str] | None = None) -> int:
                     continue
                 rows += [asdict(r) for r in recs]
                 runs.append(summary)
+                failures += [{"groups": replicas, "mode": mode, "communicator": communicator, **u}
+                             for u in summary["unrecovered"]]
                 print(json.dumps(summary), flush=True)
                 write()
     result = write()
