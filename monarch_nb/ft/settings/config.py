@@ -154,7 +154,8 @@ class RunConfig:
         platform: "auto" (default: a GPU if torch sees one, else CPU), "cpu", "cuda" or "rocm".
         backend: "gloo" or "nccl" (None, default: nccl on GPUs, gloo on CPU).
         pg_subprocess: the cross-group communicator runs in a subprocess that an abort kills
-            (torchft's ProcessGroupBabyGloo / BabyNCCL; default False: in the worker).
+            (torchft's ProcessGroupBabyGloo / BabyNCCL; default False: in the worker, which measured
+            faster at every size tried - RESULTS.md, "The communicator in a subprocess").
         threads_per_proc: torch intra-op threads in each worker process (default 1).
 
     torchft timing and transport:
