@@ -278,6 +278,12 @@ start_node() {
   local n=$1 k d
   k=$(node_index "$n"); d=$(node_dir "$n")
   make_cgroup_root "$n"
+  # The node's bridge and its gateway address now, not at its first pod (the CNI plugin takes an
+  # existing bridge as it is): a run's Lighthouse binds that address before any pod exists, and
+  # on a fresh cluster it found none and advertised this machine's name, which no pod resolves.
+  ip link show "mnbk$k" >/dev/null 2>&1 || ip link add "mnbk$k" type bridge
+  ip addr replace "$POD_NET.$k.1/24" dev "mnbk$k"
+  ip link set "mnbk$k" up
   start "containerd-$n" containerd --config "$d/containerd.toml"
   wait_for 30 "containerd of $n" ctr --address "$d/containerd.sock" version
   "$ROOT/scripts/k8s_images.sh" import "$d/containerd.sock"

@@ -110,10 +110,12 @@ def _pod_problem(event_type: str, pod: Any) -> tuple[str, str] | None:
     from .kubernetes_api import graceful_departure
 
     name = pod.metadata.name
-    if event_type != "DELETED" and graceful_departure(pod):
-        return None
     disruption = next((c for c in pod.status.conditions or [] if c.type == "DisruptionTarget"
                        and c.status == "True"), None)
+    evicting = disruption is not None and disruption.reason == "EvictionByEvictionAPI" \
+        and pod.metadata.deletion_timestamp is None  # the Eviction API marks the pod, then deletes it
+    if event_type != "DELETED" and pod.status.phase == "Running" and (evicting or graceful_departure(pod)):
+        return None  # its deletion says how long it serves on: none (a problem when DELETED comes) or a grace
     if disruption is not None:
         return "POD_EVICTED" if disruption.reason == "EvictionByEvictionAPI" else "POD_DISRUPTED", \
             f"pod {name}: {disruption.reason}: {disruption.message}"
