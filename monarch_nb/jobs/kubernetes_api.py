@@ -216,14 +216,14 @@ def delete(api: Any, target: ApiTarget, name: str, *, selector: str, timeout_s: 
 FORCE_AFTER_S = 3.0
 
 
-def planned_departures(api: Any, target: ApiTarget) -> dict[str, str]:
+def planned_departures(api: Any, target: ApiTarget, selector: str) -> dict[str, str]:
     """What is about to leave, planned (``kubectl drain``): ``"node N"`` for each cordoned node,
-    ``"pod P"`` for each pod of the namespace evicted or deleted with a grace period left."""
+    ``"pod P"`` for each pod ``selector`` picks that is evicted or deleted with a grace period left."""
     from kubernetes import client
 
     core = client.CoreV1Api(api)
     out = {f"node {n.metadata.name}": "is cordoned" for n in core.list_node().items if n.spec.unschedulable}
-    for pod in core.list_namespaced_pod(target.namespace).items:
+    for pod in core.list_namespaced_pod(target.namespace, label_selector=selector).items:
         if graceful_departure(pod):
             out[f"pod {pod.metadata.name}"] = f"is being evicted ({pod.metadata.deletion_grace_period_seconds} s grace)"
     return out

@@ -3,9 +3,9 @@
 Two threads per pod set, each a ``kubernetes`` watch (pods by the set's selector; the nodes the
 pods run on), keep what Kubernetes last said; ``status()`` reads it without an API call, once a
 second from the session's failure watch. A pod deleted or evicted (with no grace period left to
-serve in), a pod whose container stopped being ready, or a node gone NotReady (its kubelet stopped posting status) turns the status from
-RUNNING into the state and reason that fail the mesh, usually before Monarch's own supervision
-notices a silent host.
+serve in), a pod whose container stopped being ready, or a node gone NotReady (its kubelet stopped
+posting status) turns the status from RUNNING into the state and reason that fail the mesh, usually
+before Monarch's own supervision notices a silent host.
 """
 
 from __future__ import annotations

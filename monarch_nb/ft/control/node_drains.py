@@ -32,8 +32,10 @@ class NodeDrainWatch:
     reason)`` moves one group (blocking)."""
 
     def __init__(self, groups: Any, places_of: Callable[[Any], list[str]], draining: Callable[[], dict[str, str]],
-                 drain: Callable[[int, str], Any], every: float = EVERY_S) -> None:
+                 drain: Callable[[int, str], Any], every: float = EVERY_S,
+                 close: Callable[[], None] | None = None) -> None:
         self.groups, self._places_of, self._draining, self._drain = groups, places_of, draining, drain
+        self._close = close  # what the looks held open (an API client), closed by the loop once it ends
         self.every = every
         self._moving: set[int] = set()  # groups whose move started (each is moved once)
         self._stop = threading.Event()
@@ -75,11 +77,14 @@ class NodeDrainWatch:
     def _loop(self) -> None:
         while not self._stop.wait(self.every):
             self.check()
+        if self._close is not None:
+            self._close()
 
 
 def node_drain_watch(run: Any) -> NodeDrainWatch | None:
     """The watch for a run whose groups hold SLURM allocations or Kubernetes pod sets (None for
     others); it ends when the run stops."""
+    close = None
     if run.config.job == "slurm":
         from ...jobs.slurm import draining_nodes
 
@@ -87,14 +92,15 @@ def node_drain_watch(run: Any) -> NodeDrainWatch | None:
             return {f"node {n}": "set to DRAIN" for n in draining_nodes()}
     elif run.config.job == "kubernetes":
         from ...jobs import kubernetes_api as kapi
-        from ..settings.config import kubernetes_spec
 
-        spec = kubernetes_spec(run.config)
+        spec = run.placement.spec  # the groups' own: their cluster, namespace and the run's label
         target = kapi.ApiTarget(spec.namespace, spec.kubeconfig, spec.context)
         api = kapi.api_client(target)
+        close = api.close
+        run_pods = ",".join(f"{k}={v}" for k, v in spec.labels.items())
 
         def draining() -> dict[str, str]:
-            return kapi.planned_departures(api, target)
+            return kapi.planned_departures(api, target, run_pods)
     else:
         return None
 
@@ -108,6 +114,6 @@ def node_drain_watch(run: Any) -> NodeDrainWatch | None:
     def drain(replica: int, reason: str) -> Any:
         return run.drain(replica, reason=reason)
 
-    watch = NodeDrainWatch(run.groups, places_of, draining, drain)
+    watch = NodeDrainWatch(run.groups, places_of, draining, drain, close=close)
     run.events.subscribe(lambda e: watch.stop() if getattr(e, "kind", "") == "run_stopped" else None)
     return watch
