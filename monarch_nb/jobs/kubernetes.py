@@ -378,7 +378,7 @@ def _service(spec: KubernetesSpec) -> dict[str, Any]:
                      "ports": [{"name": "monarch", "port": spec.port}]}}
 
 
-DRAIN_GRACE_S = 120  # how long an evicted worker's pod serves on: its group's move took 31 s here (a fresh pod set)
+DRAIN_GRACE_S = 120  # how long an evicted worker's pod serves on: a group's move onto a fresh pod set must fit
 
 
 def _disruption_budget(spec: KubernetesSpec) -> dict[str, Any]:
