@@ -565,32 +565,3 @@ def start_debug_server() -> None:
     from monarch.actor import debug_controller
 
     debug_controller()
-
-
-# ---- Monarch's KubernetesJob -------------------------------------------------------------------
-
-
-def kubernetes_direct_config(configuration: Any) -> Any:
-    """Monarch's ``KubeConfig`` for a kernel that reaches pod IPs itself but reads the API through
-    ``configuration`` (a ``kubernetes.client.Configuration``).
-
-    ``KubernetesJob`` treats every kubeconfig as "out of cluster" and then attaches through a
-    port-forward sidecar; a kernel on a node of the cluster (the one-machine cluster routes every
-    pod subnet to this host) dials pods directly, as an in-cluster kernel does. ``out_of_cluster``
-    and ``load`` are KubeConfig's public members; what they steer inside KubernetesJob is not.
-    """
-    import dataclasses
-
-    from monarch.job.kubernetes import KubeConfig
-    from kubernetes import client
-
-    @dataclasses.dataclass(frozen=True)
-    class _DirectKubeConfig(KubeConfig):
-        @property
-        def out_of_cluster(self) -> bool:
-            return False
-
-        def load(self) -> None:
-            client.Configuration.set_default(self.remote)
-
-    return _DirectKubeConfig(remote=configuration)

@@ -54,7 +54,8 @@ _reported: set[object] = set()  # reported once, at the narrowest scope that lef
 # be one the pods route to (the pod bridge's gateway); a ProcessJob or SLURM mesh first would make
 # it loopback, and every attach to a pod then fails ("config push failed during attach"). So they
 # run first; local, ProcessJob and SLURM meshes on this host reach the gateway address as well.
-# (A kernel that used those first has to be restarted before Kubernetes: docs/kubernetes.md.)
+# (A kernel that used those first is refused by name and has to be restarted: docs/kubernetes.md;
+# tests/test_k8s_drain.py runs its run in a process of its own: helpers/fresh_process.py.)
 POD_TRANSPORT_FIRST = ("test_k8s_mesh.py",)
 
 

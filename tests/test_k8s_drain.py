@@ -19,6 +19,8 @@ import pytest
 from monarch_nb.jobs.kubernetes import DRAIN_GRACE_S
 from monarch_nb.telemetry.events import Drained, Draining, FailureDetected
 
+from helpers.fresh_process import in_a_fresh_process
+
 pytestmark = [pytest.mark.k8s, pytest.mark.slow]
 
 
@@ -39,9 +41,15 @@ def _evict_with_its_grace(local_k8s, pod: str) -> None:
 
 
 def test_a_drained_node_moves_its_group_within_the_pods_grace_period_and_nothing_fails(tmp_path, k8s_cluster):
-    from monarch_nb.ft import FTRun, RunConfig
+    in_a_fresh_process(_drain_a_groups_node, str(tmp_path), timeout=600)
 
-    run = FTRun(RunConfig(replicas=2, job="kubernetes", model="tiny", runs_root=str(tmp_path), run_name="k8s-drain"))
+
+def _drain_a_groups_node(runs_root: str) -> None:
+    """The test's body, in a process whose first mesh is on the cluster (a kernel that trains there)."""
+    from monarch_nb.ft import FTRun, RunConfig
+    from monarch_nb.jobs import local_k8s as k8s_cluster
+
+    run = FTRun(RunConfig(replicas=2, job="kubernetes", model="tiny", runs_root=runs_root, run_name="k8s-drain"))
     node = None
     try:
         run.start()

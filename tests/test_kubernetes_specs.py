@@ -14,6 +14,7 @@ import importlib
 import importlib.util
 import inspect
 import sys
+import time
 import types
 from pathlib import Path
 
@@ -360,3 +361,21 @@ def test_command_line_reports_the_bad_field_without_a_cluster(capsys):
         k8s.main(["--mesh", "my-workers"])
     assert info.value.code == 2
     assert "mesh: 'my-workers'" in capsys.readouterr().err
+
+
+def test_a_kubernetes_mesh_after_a_local_one_is_refused_at_once_with_the_fix_without_a_cluster(session, tmp_path):
+    """Monarch picks its transport once per process: after a local mesh its client serves a Unix
+    socket the pods cannot reach. Refused before any API call (the kubeconfig names no server),
+    not after the attach's 60 s wait (the CI failure this fixes)."""
+    from monarch_nb.seam_cluster import ClientUnreachable
+
+    session.up("here", procs=1)
+    kubeconfig = tmp_path / "kubeconfig"  # never read: the refusal comes first
+    started = time.monotonic()
+    with pytest.raises(ClientUnreachable) as err:
+        session.up("pods", procs=1, hosts=1, job=k8s.KubernetesSpec(kubeconfig=str(kubeconfig), context="none"))
+    assert time.monotonic() - started < 5
+    message = str(err.value)
+    assert "the pods of a Kubernetes mesh" in message and "ipc://" in message
+    assert "bring up the cluster mesh first" in message and "%monarch train --name" in message
+    assert [h.name for h in session.snapshot()] == ["here"]

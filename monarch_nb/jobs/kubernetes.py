@@ -278,10 +278,10 @@ def make_kubernetes_job(spec: KubernetesSpec, direct_configuration: Any = None) 
             "API server, and it is not installed; run `pip install kubernetes` in the notebook kernel's "
             "environment (worker pods do not need it)") from exc
     init = dict(args.init)
-    if direct_configuration is not None:  # this kernel dials pod IPs itself (see seam)
-        from .. import seam
+    if direct_configuration is not None:  # this kernel dials pod IPs itself (see seam_cluster)
+        from .. import seam_cluster
 
-        init["kubeconfig"] = seam.kubernetes_direct_config(direct_configuration)
+        init["kubeconfig"] = seam_cluster.kubernetes_direct_config(direct_configuration)
     elif init["kubeconfig"] is not None:
         init["kubeconfig"] = k8s.KubeConfig.from_path(init["kubeconfig"])
     job = k8s.KubernetesJob(**init)

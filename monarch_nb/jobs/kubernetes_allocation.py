@@ -64,6 +64,11 @@ class KubernetesAllocation(Allocation):
 
         spec = self.mesh_spec
         t0 = time.monotonic()
+        dials_pods = spec.kubeconfig is not None and spec.attach_to is None and spec.client_address is not None
+        if dials_pods:  # before any pod is made: a client the pods cannot reach is refused at once
+            from .. import seam_cluster
+
+            seam_cluster.refuse_an_unreachable_client("the pods of a Kubernetes mesh")
         self._api = kapi.api_client(self.target)
         try:
             if self.pod_set is not None:
@@ -77,9 +82,7 @@ class KubernetesAllocation(Allocation):
             self.nodes = [p.spec.node_name or "" for p in pods]
             ready_t = time.monotonic()
             self._watch = PodSetWatch(self._api, self.target, label_selector(spec), self.pods)
-            direct = None
-            if spec.kubeconfig is not None and spec.attach_to is None and spec.client_address is not None:
-                direct = self._api.configuration
+            direct = self._api.configuration if dials_pods else None
             self._job = make_kubernetes_job(spec, direct_configuration=direct)
             if direct is not None:
                 _listen_where_pods_reach(spec.client_address, pods[0].status.pod_ip)
@@ -188,10 +191,10 @@ def _listen_where_pods_reach(address: str | None, pod_ip: str) -> None:
     hostname may resolve to loopback only."""
     import socket
 
-    import monarch.config
+    from .. import seam_cluster
 
     if address == "auto":
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
             probe.connect((pod_ip, 9))  # a UDP connect sends nothing: it only picks the route
             address = probe.getsockname()[0]
-    monarch.config.configure(default_transport=f"tcp://{address}:0")
+    seam_cluster.listen_where_workers_reach(address, "the pods of a Kubernetes mesh")

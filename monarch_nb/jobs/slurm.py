@@ -327,8 +327,12 @@ class SlurmAllocation(Allocation):
             import monarch.config
             from monarch.actor import ChannelTransport
 
-            monarch.config.configure(default_transport=ChannelTransport.TcpWithLocalhost
-                                     if net.controller_addr == "127.0.0.1" else f"tcp://{net.controller_addr}:0")
+            from .. import seam_cluster
+
+            if net.controller_addr == "127.0.0.1":
+                monarch.config.configure(default_transport=ChannelTransport.TcpWithLocalhost)
+            else:
+                seam_cluster.listen_where_workers_reach(net.controller_addr, "SLURM nodes with networks of their own")
         try:
             self.job.apply()
             self.job_id = seam.slurm_job_id(self.job)
