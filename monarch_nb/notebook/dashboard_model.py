@@ -151,7 +151,7 @@ class DashboardModel:
 
     def _on_SpareState(self, e: SpareState) -> set[str]:
         self.groups.spare(e)
-        if e.state in ("taken", "failed"):
+        if e.state in ("taken", "failed", "moved"):  # moved: off a leaving node (node_drains)
             self._log(e, f"spare {e.spare} {e.state}" + (f": {e.detail}" if e.detail else ""))
         return {HEALTH, TIMELINE}
 

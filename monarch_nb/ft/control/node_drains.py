@@ -11,7 +11,8 @@ a preStop sleep), and an eviction with a grace period is not a failure of the me
 The watch looks every ``every`` seconds and drains (``FTRun.drain``: a replacement heals and
 commits a step with the others, then the group leaves) every training group on a place that is
 leaving (a node, or on Kubernetes one of its pods); the replacement lands elsewhere because the
-scheduler starts nothing on a draining or cordoned node.
+scheduler starts nothing on a draining or cordoned node. A warm spare on a leaving place is let go
+first (the pool builds one elsewhere): a group moved, or failed, must not land on it there.
 """
 
 from __future__ import annotations
@@ -27,14 +28,17 @@ EVERY_S = 2.0  # how often the nodes' states are read (one scontrol call)
 
 
 class NodeDrainWatch:
-    """Moves groups off leaving places: ``places_of(group)`` names a group's nodes (and pods),
-    ``draining()`` each leaving place with why (``"node n2": "is cordoned"``), ``drain(replica,
-    reason)`` moves one group (blocking)."""
+    """Moves groups and warm spares off leaving places: ``places_of(mesh)`` names a mesh's nodes
+    (and pods), ``draining()`` each leaving place with why (``"node n2": "is cordoned"``),
+    ``drain(replica, reason)`` moves one group (blocking); ``spares()`` names the live spares'
+    meshes and ``move_spare(mesh, reason)`` lets one go (the pool builds one elsewhere)."""
 
-    def __init__(self, groups: Any, places_of: Callable[[Any], list[str]], draining: Callable[[], dict[str, str]],
+    def __init__(self, groups: Any, places_of: Callable[[str], list[str]], draining: Callable[[], dict[str, str]],
                  drain: Callable[[int, str], Any], every: float = EVERY_S,
-                 close: Callable[[], None] | None = None) -> None:
+                 close: Callable[[], None] | None = None, spares: Callable[[], list[str]] = list,
+                 move_spare: Callable[[str, str], Any] | None = None) -> None:
         self.groups, self._places_of, self._draining, self._drain = groups, places_of, draining, drain
+        self._spares, self._move_spare = spares, move_spare
         self._close = close  # what the looks held open (an API client), closed by the loop once it ends
         self.every = every
         self._moving: set[int] = set()  # groups whose move started (each is moved once)
@@ -56,10 +60,15 @@ class NodeDrainWatch:
             log.warning("reading the nodes' states: %s", exc)
             return []
         started = []
+        if self._move_spare is not None and draining:
+            for mesh in self._spares():  # first: a group moved now must not take a spare that is leaving
+                on = sorted(set(self._places_of(mesh)) & set(draining))
+                if on:
+                    self._move_spare(mesh, f"{on[0]} {draining[on[0]]}")
         for g in self.groups.active():
             if g.state != TRAINING or g.index in self._moving:
                 continue
-            on = sorted(set(self._places_of(g)) & set(draining))
+            on = sorted(set(self._places_of(g.name)) & set(draining))
             if on:
                 self._moving.add(g.index)
                 started.append(g.index)
@@ -104,16 +113,18 @@ def node_drain_watch(run: Any) -> NodeDrainWatch | None:
     else:
         return None
 
-    def places_of(g: Any) -> list[str]:
+    def places_of(mesh: str) -> list[str]:
         session = run.session
-        allocation = getattr(session.mesh(g.name), "allocation", None) if session and g.name in session.meshes \
-            else None
+        allocation = getattr(session.mesh(mesh), "allocation", None) if session and mesh in session.meshes else None
         return [f"node {n}" for n in getattr(allocation, "nodes", []) or []] + \
             [f"pod {p}" for p in getattr(allocation, "pods", []) or []]
 
     def drain(replica: int, reason: str) -> Any:
         return run.drain(replica, reason=reason)
 
-    watch = NodeDrainWatch(run.groups, places_of, draining, drain, close=close)
+    pool = run.supervisor.spares if run.supervisor is not None else None
+    watch = NodeDrainWatch(run.groups, places_of, draining, drain, close=close,
+                           spares=pool.live if pool is not None else list,
+                           move_spare=pool.move if pool is not None else None)
     run.events.subscribe(lambda e: watch.stop() if getattr(e, "kind", "") == "run_stopped" else None)
     return watch

@@ -21,7 +21,7 @@ from ...telemetry.events import Event, SpareState
 
 log = logging.getLogger(__name__)
 
-BUILDING, READY, TAKEN, FAILED = "building", "ready", "taken", "failed"
+BUILDING, READY, TAKEN, FAILED, MOVED = "building", "ready", "taken", "failed", "moved"
 
 
 @dataclass
@@ -78,16 +78,20 @@ class SparePool:
         try:
             self._build(spare)
         except Exception as exc:
-            if self._stopped:
+            if self._stopped or spare.state == MOVED:  # torn down on purpose while it was built
                 return
             log.warning("building %s failed: %s", spare.mesh, exc)
             self._set(spare, FAILED, f"could not be built: {exc}"[:300])
             self._teardown(spare)
             return
-        if self._stopped:  # the run stopped while this one was being built
+        with self._lock:
+            gone = self._stopped or spare.state == MOVED  # the run stopped, or its node is leaving
+            if not gone:
+                spare.state = READY
+        if gone:
             self._teardown(spare)
             return
-        self._set(spare, READY, f"built in {time.monotonic() - t0:.1f} s")
+        self._emit(SpareState(spare=spare.index, state=READY, detail=f"built in {time.monotonic() - t0:.1f} s"))
 
     def take(self, by: str = "") -> Spare | None:
         """A ready spare for the failed group ``by``, or None; a replacement starts building."""
@@ -110,6 +114,26 @@ class SparePool:
         self._teardown(spare)
         self.fill()
         return True
+
+    def move(self, mesh: str, reason: str) -> bool:
+        """A spare on a node that is leaving (drained, cordoned): let it go and build one elsewhere
+        (the scheduler starts nothing on a leaving node), before a failed or drained group takes
+        it onto that node. Not a failure. False if ``mesh`` is no live spare."""
+        with self._lock:
+            spare = next((s for s in self._spares if s.mesh == mesh and s.state in (BUILDING, READY)), None)
+            if spare is not None:
+                spare.state = MOVED  # no take() hands it out from now on
+        if spare is None:
+            return False
+        self._emit(SpareState(spare=spare.index, state=MOVED, detail=reason[:300]))
+        self._teardown(spare)
+        self.fill()
+        return True
+
+    def live(self) -> list[str]:
+        """The meshes of the spares building or ready."""
+        with self._lock:
+            return [s.mesh for s in self._spares if s.state in (BUILDING, READY)]
 
     def ready(self) -> int:
         with self._lock:
