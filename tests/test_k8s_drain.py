@@ -50,7 +50,7 @@ def _drain_a_groups_node(runs_root: str) -> None:
     from monarch_nb.jobs import local_k8s as k8s_cluster
 
     run = FTRun(RunConfig(replicas=2, job="kubernetes", model="tiny", runs_root=runs_root, run_name="k8s-drain"))
-    node = None
+    node = other = None
     try:
         run.start()
         run.wait_for_step(3, timeout=240)
@@ -73,7 +73,21 @@ def _drain_a_groups_node(runs_root: str) -> None:
         same = run.check_identical(timeout=120)
         assert same.identical and len(same.hashes) == 2, same
         assert pod not in "".join(k8s_cluster.project_pods()), "the evicted pod was deleted by the move"
+        # Both nodes cordoned, no spare: a move has nowhere to go - refused up front, nothing started.
+        other = replacement
+        _cordon(k8s_cluster, other, True)
+        pods = k8s_cluster.project_pods()
+        refused_at = time.time()
+        try:
+            run.drain(moved.replacement)
+            raise AssertionError("a drain with no node to go to was not refused")
+        except ValueError as refused:
+            assert "no warm spare is ready and no node takes a new pod" in str(refused), refused
+            assert f"{other} is cordoned" in str(refused) and f"{node} is cordoned" in str(refused), refused
+        assert k8s_cluster.project_pods() == pods, "a refused drain made a pod set"
+        assert not [e for e in run.events.events(Draining) if e.t >= refused_at]
+        run.wait_for_step(max(g.step for g in run.groups.active()) + 2, timeout=60)  # the groups train on
     finally:
         run.stop()
-        if node is not None:
-            _cordon(k8s_cluster, node, False)
+        for n in {node, other} - {None}:
+            _cordon(k8s_cluster, n, False)

@@ -24,7 +24,7 @@ def test_a_group_on_a_draining_node_is_moved_before_the_node_goes(tmp_path):
     from monarch_nb.ft import FTRun, RunConfig
 
     run = FTRun(RunConfig(replicas=2, job="slurm", runs_root=str(tmp_path), run_name="node-drain"))
-    node = None
+    node = other = None
     try:
         run.start()
         run.wait_for_step(3, timeout=180)
@@ -43,7 +43,22 @@ def test_a_group_on_a_draining_node_is_moved_before_the_node_goes(tmp_path):
         assert replacement != node, (replacement, node)
         same = run.check_identical(timeout=120)
         assert same.identical and len(same.hashes) == 2, same
+        # Both nodes draining, no spare: a move has nowhere to go - refused up front, nothing started.
+        other = replacement
+        subprocess.run(["scontrol", "update", f"nodename={other}", "state=drain", "reason=maintenance"], check=True)
+        jobs = _our_jobs()
+        refused_at = time.time()
+        with pytest.raises(ValueError, match=r"no warm spare is ready and no SLURM node can start an allocation"):
+            run.drain(moved.replacement)
+        assert _our_jobs() == jobs, "a refused drain started an allocation"
+        assert not [e for e in run.events.events(Draining) if e.t >= refused_at]
+        run.wait_for_step(max(g.step for g in run.groups.active()) + 2, timeout=60)  # the groups train on
     finally:
         run.stop()
-        if node is not None:
-            resume_node(node)
+        for n in {node, other} - {None}:
+            resume_node(n)
+
+
+def _our_jobs() -> list[str]:
+    out = subprocess.run(["squeue", "-h", "-o", "%i %j"], capture_output=True, text=True, check=True).stdout
+    return sorted(line for line in out.splitlines() if "monarch_nb-" in line)

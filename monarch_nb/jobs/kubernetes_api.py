@@ -229,6 +229,38 @@ def planned_departures(api: Any, target: ApiTarget, selector: str) -> dict[str, 
     return out
 
 
+def no_room(api: Any, cpu: str | None) -> str | None:
+    """Why no node takes one more pod now (None: one does): every node cordoned or not Ready, or,
+    for a pod requesting ``cpu``, none with that much allocatable CPU unrequested."""
+    from kubernetes import client
+    from kubernetes.utils import parse_quantity
+
+    core = client.CoreV1Api(api)
+    closed, open_ = [], []
+    for n in core.list_node().items:
+        ready = any(c.type == "Ready" and c.status == "True" for c in n.status.conditions or [])
+        if n.spec.unschedulable or not ready:
+            closed.append(f"{n.metadata.name} is {'cordoned' if n.spec.unschedulable else 'not Ready'}")
+        else:
+            open_.append(n)
+    if not open_:
+        return f"no node takes a new pod ({', '.join(closed) or 'the cluster has no node'})"
+    if cpu is None:
+        return None
+    requested: dict[str, Any] = {}
+    for pod in core.list_pod_for_all_namespaces(field_selector="status.phase!=Succeeded,status.phase!=Failed").items:
+        for c in pod.spec.containers:
+            asked = ((c.resources and c.resources.requests) or {}).get("cpu")
+            if asked and pod.spec.node_name:
+                requested[pod.spec.node_name] = requested.get(pod.spec.node_name, 0) + parse_quantity(asked)
+    free = {n.metadata.name: parse_quantity(n.status.allocatable.get("cpu", "0")) - requested.get(n.metadata.name, 0)
+            for n in open_}
+    best = max(free, key=free.get)
+    if free[best] >= parse_quantity(cpu):
+        return None
+    return f"no node has {cpu} CPU unrequested for a new pod (the most is {free[best]} on {best})"
+
+
 def graceful_departure(pod: Any) -> bool:
     """A running pod evicted or deleted with a grace period: it serves on until the grace ends."""
     return (pod.metadata.deletion_timestamp is not None and (pod.metadata.deletion_grace_period_seconds or 0) > 0

@@ -146,6 +146,24 @@ def draining_nodes() -> set[str]:
     return nodes
 
 
+def no_room(cpus: int, exclusive: bool, partition: str | None) -> str | None:
+    """Why no SLURM node can start one more allocation now (None: one can): every node of the
+    partition draining, down or with fewer than ``cpus`` CPUs unallocated (``exclusive``: none idle)."""
+    out = _check(_run(["scontrol", "show", "node", "-o"]), "scontrol show node")
+    seen = []
+    for line in out.stdout.splitlines():
+        f = dict(tok.split("=", 1) for tok in line.split() if "=" in tok)
+        if partition is not None and partition not in f.get("Partitions", "").split(","):
+            continue
+        state = f.get("State", "").upper()
+        free = int(f.get("CPUTot", 0) or 0) - int(f.get("CPUAlloc", 0) or 0)
+        if not any(bad in state for bad in ("DRAIN", "DOWN", "FAIL", "NOT_RESPONDING")) and \
+                (free >= cpus if not exclusive else free == int(f.get("CPUTot", 0) or 0)):
+            return None
+        seen.append(f"{f.get('NodeName')} {state.lower()}, {free} CPU free")
+    return f"no SLURM node can start an allocation of {cpus} CPU now ({'; '.join(seen) or 'no node'})"
+
+
 def resume_node(node: str) -> None:
     """Return a node marked DOWN (e.g. by the ``node_down`` fault) to service."""
     _check(_run(["scontrol", "update", f"nodename={node}", "state=resume"]), "scontrol update")

@@ -35,6 +35,11 @@ class Placement:
         """Processes the placement started besides the workers (checked for orphans after stop)."""
         return []
 
+    def no_room(self) -> str | None:
+        """Why one more group cannot start now (None: it can, or the placement cannot tell);
+        asked before a drain that has no warm spare, so a move that cannot come is refused."""
+        return None
+
     def share(self, run_dir: str, data_dir: str) -> None:
         """Where the run writes and what its workers read, for placements that must mount them."""
 
@@ -117,6 +122,11 @@ class SlurmPlacement(Placement):
     def spare_kwargs(self) -> dict[str, Any]:
         return {"job": self.spec}
 
+    def no_room(self) -> str | None:
+        from ...jobs.slurm import no_room
+
+        return no_room(self.spec.cpus_per_task or 1, self.spec.exclusive, self.spec.partition)
+
 
 RUN_LABEL = "monarch.pytorch.org/run"
 
@@ -152,6 +162,13 @@ class KubernetesPlacement(Placement):
 
     def spare_kwargs(self) -> dict[str, Any]:
         return {"job": self.spec}
+
+    def no_room(self) -> str | None:
+        from ...jobs import kubernetes_api as kapi
+
+        target = kapi.ApiTarget(self.spec.namespace, self.spec.kubeconfig, self.spec.context)
+        with kapi.api_client(target) as api:
+            return kapi.no_room(api, self.spec.cpu)
 
 
 def pod_facing_address(spec: Any) -> str | None:

@@ -100,6 +100,12 @@ class Scaler:
             raise ValueError(f"drain: no warm spare is ready and the run is at its most groups ({MAX_GROUPS} less "
                              f"{self.config.spares} spares): there is no room for group {replica}'s replacement; "
                              "scale down first, or run with spares=1")
+        if not spare:
+            why = supervisor.launcher.placement.no_room()
+            if why:
+                raise ValueError(f"drain: no warm spare is ready and {why}: group {replica}'s replacement has "
+                                 f"nowhere to start, so group {replica} trains on (nothing was started); free "
+                                 "room on the cluster, or run with spares=1")
         if not self._lock.acquire(blocking=False):
             raise RuntimeError("drain: a drain or resize is in progress; wait for it to finish")
         try:
