@@ -4,8 +4,9 @@ One invocation, one run per configuration (R groups of a model, ``--spares 0,1``
 group 1 is drained ``--repeats`` times (each time the newest group standing in for it). Each
 record: ``seconds`` (draining -> drained), ``lost_steps`` (steps a survivor did not commit, or
 skipped, while the move ran), ``stall_steps`` (the survivors' longest wait between two committed
-steps in that window, in median steps of the warm-up, less the one step it is anyway),
-``identical`` (every group's digests at a common step after it), ``from_spare``.
+steps from draining until 3 steps after drained, in median steps of the warm-up, less the one step
+it is anyway; ``stall_join_steps`` before the group was told to leave, while the replacement
+joined and healed, and ``stall_leave_steps`` after), ``identical`` (every group's digests at a common step after it), ``from_spare``.
 
     python bench/bench_drain.py [--quick] [--replicas 3] [--spares 0,1] [--repeats 2] [--out bench/results/drain.json]
 """
@@ -21,13 +22,14 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+AFTER_STEPS = 3  # steps past the move kept in the window
 sys.path.insert(0, str(REPO))
 
 
 def one_run(spares: int, a: argparse.Namespace, root: str) -> list[dict]:
     from monarch_nb.ft import FTRun, RunConfig
     from monarch_nb.ft.control.waiting import wait_for_spares
-    from monarch_nb.telemetry.events import Step
+    from monarch_nb.telemetry.events import ReplicaState, Step
 
     run = FTRun(RunConfig(replicas=a.replicas, model=a.model, spares=spares, runs_root=root,
                           run_name=f"drain-spares{spares}"))
@@ -46,16 +48,27 @@ def one_run(spares: int, a: argparse.Namespace, root: str) -> list[dict]:
             since = time.time()
             moved = run.drain(victim, timeout=600)
             survivors = [g.index for g in run.groups.active() if g.index not in (victim, moved.replacement)]
-            window = [e for e in run.events.events(Step) if e.replica in survivors and since <= e.t <= moved.t]
+            # the window runs past the move by a few steps: the first quorum without the leaver
+            # (it waits for the leaver's heartbeat to lapse) is part of what the move costs
+            run.wait_for_step(max(g.step for g in run.groups.active()) + AFTER_STEPS, timeout=300)
+            until = time.time()
+            window = [e for e in run.events.events(Step) if e.replica in survivors and since <= e.t <= until]
             lost = sum(1 for e in window if not e.committed)
             mine = sorted((e for e in window if e.replica == survivors[0] and e.committed), key=lambda e: e.t)
             steps = [e.step for e in mine]
             lost += sum(b - a_ - 1 for a_, b in zip(steps, steps[1:]) if b - a_ > 1)
-            times = [since] + [e.t for e in mine] + [moved.t]
-            stall = max(b - a_ for a_, b in zip(times, times[1:])) / step_s - 1 if step_s > 0 else None
+            times = [since] + [e.t for e in mine]
+            gaps = list(zip(times, times[1:]))
+            stall = max(b - a_ for a_, b in gaps) / step_s - 1 if step_s > 0 else None
+            left = next((e.t for e in run.events.events(ReplicaState)
+                         if e.replica == victim and e.state == "retiring" and e.t >= since), moved.t)
+            join = [b - a_ for a_, b in gaps if b <= left] or [0.0]
+            leave = [b - a_ for a_, b in gaps if b > left] or [0.0]
             same = run.check_identical(timeout=180)
             records.append({"spares": spares, "replicas": a.replicas, "model": a.model, "seconds": moved.seconds,
                             "lost_steps": lost, "stall_steps": round(stall, 2) if stall is not None else None,
+                            "stall_join_steps": round(max(join) / step_s - 1, 2) if step_s > 0 else None,
+                            "stall_leave_steps": round(max(leave) / step_s - 1, 2) if step_s > 0 else None,
                             "identical": bool(same is not None and same.identical), "from_spare": moved.from_spare,
                             "step_s": step_s})
             victim = moved.replacement

@@ -13,6 +13,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
+from ..ft.settings.config import meeting_period
 from ..telemetry.events import SpareState, Step
 from .palette import StateStyle, style_of
 
@@ -68,13 +69,9 @@ class HealthCell:
         return " | ".join(parts)
 
 
-def meeting_period(config: dict[str, Any]) -> int | None:
-    """Steps between two meetings of a LocalSGD / DiLoCo run (streaming DiLoCo: of two fragments'
-    meetings); None under per-step sync."""
-    if (config.get("sync") or "step") == "step":
-        return None
-    every, fragments = config.get("sync_every"), config.get("fragments") or 1
-    return int(every) // int(fragments) if isinstance(every, int) and every > 0 else None
+def run_meeting_period(config: dict[str, Any]) -> int | None:
+    """Steps between two meetings of the run whose config (as its log has it) is ``config``."""
+    return meeting_period(config.get("sync"), config.get("sync_every"), config.get("fragments"))
 
 
 class GroupHealth:
@@ -133,7 +130,7 @@ class GroupHealth:
         gs = config.get("group_size")
         if isinstance(gs, int) and gs > 0:
             self.group_size = gs
-        self.meet_every = meeting_period(config)
+        self.meet_every = run_meeting_period(config)
 
 
     def stop(self, reason: str) -> None:

@@ -10,7 +10,7 @@ headless in CI shows the same health table, recoveries and curves without a kern
 from __future__ import annotations
 
 from .dashboard_format import esc, fmt_bytes, wall
-from .dashboard_groups import meeting_period
+from .dashboard_groups import run_meeting_period
 from .dashboard_model import DashboardModel, QuorumSummary
 from .palette import style_of
 from .render_health import (
@@ -77,7 +77,7 @@ def header_html(model: DashboardModel, now: float) -> str:
         step, same = model.identical
         ident = (f" &middot; <span class='mnb-identical' data-identical='{str(same).lower()}'>"
                  f"step {step}: replicas {'bit-identical' if same else 'DIFFER'}</span>")
-    meets = meeting_period(model.config or {})
+    meets = run_meeting_period(model.config or {})
     sync = (f" &middot; <span class='mnb-sync'>{esc(SYNC_NAMES.get(str(model.config.get('sync')), 'semi-sync'))}: "
             f"the groups meet every {meets} steps</span>") if meets else ""
     lighthouse = ""

@@ -18,7 +18,7 @@ import warnings
 from typing import Callable
 
 from ...telemetry.events import Event, LighthouseFailed, LighthouseRestarted, LighthouseStarted
-from ..settings.config import RunConfig
+from ..settings.config import RunConfig, meeting_period
 from .groups import ReplicaGroup
 from .lighthouse import Lighthouse, LighthouseSettings, join_timeout_for, meeting_join_timeout
 from .name_lookup import reverse_lookup_finding
@@ -52,8 +52,9 @@ class Coordinator:
         join_ms = cfg.join_timeout_ms
         if placement.shares_this_host:
             join_ms = join_timeout_for(join_ms, (cfg.replicas + cfg.spares) * cfg.group_size, os.cpu_count() or 1)
-        if cfg.sync != "step":
-            join_ms = meeting_join_timeout(join_ms, max(1, cfg.sync_every // cfg.fragments))
+        period = meeting_period(cfg.sync, cfg.sync_every, cfg.fragments)
+        if period is not None:
+            join_ms = meeting_join_timeout(join_ms, period)
         if cfg.on_failure == "plain_restart":  # no torchft: the job's store instead of a Lighthouse
             self.rendezvous = PlainRendezvous(placement.bind_host)
             return

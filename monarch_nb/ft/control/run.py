@@ -29,7 +29,7 @@ from ...telemetry.events import Drained, ReplicasIdentical, RestartedFromScratch
 from ..record.history import RunHistory
 from ..record.ingest import EventIngest
 from ..settings.checkpoint_format import CheckpointInfo
-from ..settings.config import RESTARTS, RunConfig, meets_every
+from ..settings.config import RESTARTS, RunConfig, meeting_period, meets_every
 from ..settings.faults import Fault, FaultKind, FaultSchedule, refuse_corrupt_unless_striped
 from ..settings import titan_job
 from ..settings.platform import check_gpu_sharing, select_platform
@@ -190,7 +190,7 @@ class FTRun(FromTheLog):
         ``inner``, its steps since the groups last met, of the period); and per warm spare (keys
         ``spare0``, ...): building or ready, and its pids."""
         out: dict[int | str, dict[str, Any]] = dict(self.groups.status())
-        every = self.config.sync_every // self.config.fragments if self.config.sync != "step" else None
+        every = meeting_period(self.config.sync, self.config.sync_every, self.config.fragments)
         slow = self.stragglers.slow()
         for index, st in out.items():  # LocalSGD / DiLoCo: where each training group is in its inner loop
             if every and st["state"] == TRAINING:

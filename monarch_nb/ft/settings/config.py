@@ -512,10 +512,20 @@ def kubernetes_spec(config: "RunConfig") -> Any:
         raise ValueError(f"kubernetes.{exc}") from None
 
 
+def meeting_period(sync: str | None, sync_every: Any, fragments: Any) -> int | None:
+    """Steps between two meetings of a LocalSGD / DiLoCo run (streaming DiLoCo: of two fragments'
+    meetings); None under per-step sync (or a period that is not a positive number of steps)."""
+    if (sync or "step") == "step" or not isinstance(sync_every, int) or sync_every <= 0:
+        return None
+    return max(1, sync_every // int(fragments or 1))
+
+
 def meets_every(config: "RunConfig") -> int | None:
     """Steps between the points where every group holds the same parameters: 1 under per-step
     sync, the sync period under LocalSGD or DiLoCo; None under streaming DiLoCo (never all at once)."""
-    return 1 if config.sync == "step" else (config.sync_every if config.fragments == 1 else None)
+    if config.sync == "step":
+        return 1
+    return meeting_period(config.sync, config.sync_every, 1) if config.fragments == 1 else None
 
 
 def check_sync(config: "RunConfig") -> None:
