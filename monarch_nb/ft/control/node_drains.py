@@ -42,6 +42,7 @@ class NodeDrainWatch:
         self._close = close  # what the looks held open (an API client), closed by the loop once it ends
         self.every = every
         self._moving: set[int] = set()  # groups whose move started (each is moved once)
+        self._refused: dict[int, str] = {}  # each group's last refused move, as said
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="ft-node-drains", daemon=True)
 
@@ -79,8 +80,10 @@ class NodeDrainWatch:
     def _move(self, replica: int, reason: str) -> None:
         try:
             self._drain(replica, reason)
-        except Exception as exc:  # refused or failed: it may be tried again at the next look
-            log.warning("moving group %d off a leaving node: %s", replica, exc)
+        except Exception as exc:  # refused or failed: it is tried again at the next look
+            if self._refused.get(replica) != str(exc):  # said once, not every look while it lasts
+                log.warning("moving group %d off a leaving node: %s", replica, exc)
+                self._refused[replica] = str(exc)
             self._moving.discard(replica)
 
     def _loop(self) -> None:
