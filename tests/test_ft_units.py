@@ -1013,3 +1013,35 @@ def test_the_straggler_rule_names_a_slow_group_from_its_own_throughput_and_not_t
     assert 1 in watch.slow()
     watch.observe(ReplicaState(t=400.0, replica=1, state="retired"))
     assert watch.slow() == {}
+
+
+def test_a_cluster_fault_is_in_the_log_before_the_failure_the_cluster_reports_while_it_is_sent(tmp_path):
+    """The Kubernetes pod watch saw an eviction 10 ms before the eviction call returned; the
+    injection, logged after the call, came after the failure and the recovery lost its fault
+    (CI: notebook 08's evict counted 'unplanned'). It is logged before the fault is sent."""
+    from monarch_nb.ft.control.groups import TRAINING, GroupTable
+    from monarch_nb.ft.control.injector import FaultInjector
+    from monarch_nb.ft.record.recovery import RecoveryTracker
+    from monarch_nb.telemetry.events import FailureDetected
+
+    table = GroupTable(2)
+    for g in table:
+        g.state = TRAINING
+    log: list = []
+
+    def cluster(fault, announce=None):  # the scheduler's watch reports the failure before this returns
+        if announce is not None:
+            announce(7)
+        log.append(FailureDetected(replica=fault.replica, rank=0, reason="POD_EVICTED", detection_s=0.01,
+                                   source="supervision"))
+        return 7
+
+    injector = FaultInjector(1, table, str(tmp_path / "faults.jsonl"), lambda f: None, cluster, log.append,
+                             lambda: True)
+    injector.inject("evict", replica=1)
+    assert [type(e).__name__ for e in log] == ["FaultInjected", "FailureDetected"]
+    recoveries = RecoveryTracker()
+    for e in log:
+        recoveries.apply(e)
+    (rec,) = recoveries.recoveries
+    assert rec.fault == "evict" and rec.detection_s == 0.01, rec

@@ -21,6 +21,8 @@ from pathlib import Path
 import pytest
 
 from monarch_nb.jobs import kubernetes as k8s
+
+from helpers.fresh_process import in_a_fresh_process
 from monarch_nb.jobs.kubernetes import KubernetesSpec, KubernetesUnavailableError
 
 REPO = Path(__file__).resolve().parent.parent
@@ -363,19 +365,27 @@ def test_command_line_reports_the_bad_field_without_a_cluster(capsys):
     assert "mesh: 'my-workers'" in capsys.readouterr().err
 
 
-def test_a_kubernetes_mesh_after_a_local_one_is_refused_at_once_with_the_fix_without_a_cluster(session, tmp_path):
+def test_a_kubernetes_mesh_after_a_local_one_is_refused_at_once_with_the_fix_without_a_cluster(tmp_path):
     """Monarch picks its transport once per process: after a local mesh its client serves a Unix
     socket the pods cannot reach. Refused before any API call (the kubeconfig names no server),
-    not after the attach's 60 s wait (the CI failure this fixes)."""
+    not after the attach's 60 s wait. In a process of its own: this one's client may already
+    serve a pod-facing address (the suite runs its Kubernetes mesh tests first)."""
+    in_a_fresh_process(_refused_after_a_local_mesh, str(tmp_path / "kubeconfig"), timeout=120)
+
+
+def _refused_after_a_local_mesh(kubeconfig: str) -> None:
+    from monarch_nb import Session
     from monarch_nb.seam_cluster import ClientUnreachable
 
-    session.up("here", procs=1)
-    kubeconfig = tmp_path / "kubeconfig"  # never read: the refusal comes first
-    started = time.monotonic()
-    with pytest.raises(ClientUnreachable) as err:
-        session.up("pods", procs=1, hosts=1, job=k8s.KubernetesSpec(kubeconfig=str(kubeconfig), context="none"))
-    assert time.monotonic() - started < 5
-    message = str(err.value)
-    assert "the pods of a Kubernetes mesh" in message and "ipc://" in message
-    assert "bring up the cluster mesh first" in message and "%monarch train --name" in message
-    assert [h.name for h in session.snapshot()] == ["here"]
+    with Session(default_timeout=30) as session:
+        session.up("here", procs=1)
+        started = time.monotonic()
+        try:
+            session.up("pods", procs=1, hosts=1, job=k8s.KubernetesSpec(kubeconfig=kubeconfig, context="none"))
+            raise AssertionError("a Kubernetes mesh after a local one was not refused")
+        except ClientUnreachable as refused:
+            message = str(refused)
+        assert time.monotonic() - started < 5
+        assert "the pods of a Kubernetes mesh" in message and "ipc://" in message, message
+        assert "bring up the cluster mesh first" in message and "%monarch train --name" in message, message
+        assert [h.name for h in session.snapshot()] == ["here"]

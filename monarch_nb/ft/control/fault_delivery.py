@@ -53,9 +53,11 @@ class FaultDelivery:
             fault.kind.value, fault.at_step, fault.hang_s, fault.during, fault.stuck)
         return next(iter(res.values.values()), None)
 
-    def through_scheduler(self, fault: Fault) -> int | None:
+    def through_scheduler(self, fault: Fault, announce: Callable[[int], None] | None = None) -> int | None:
         """A cluster fault, through the scheduler holding the group's allocation (each allocation
-        names the kinds its scheduler can deliver)."""
+        names the kinds its scheduler can deliver). ``announce(step)`` runs just before it is
+        sent: the cluster's watch may see the fault before the call returns, and the injection
+        must be in the run's log before the failure it causes."""
         g = self.groups[fault.replica]
         allocation = self._live_session().mesh(g.name).allocation
         kinds = getattr(allocation, "cluster_faults", ())
@@ -65,8 +67,11 @@ class FaultDelivery:
             raise ValueError(f"kind: {fault.kind.value} needs a run on {needs}; this run's job is {self.config.job!r}")
         record_firing(self.fault_log, {"kind": "fault_fired", "fault": fault.kind.value, "replica": fault.replica,
                                        "rank": fault.rank, "step": g.step, "job_id": allocation.job_id})
+        step = g.step
+        if announce is not None:
+            announce(step)
         allocation.cluster_fault(fault.kind.value)
-        return g.step
+        return step
 
     def disarm(self) -> int:
         """Drop every armed fault that has not fired yet, in every training or healing group;

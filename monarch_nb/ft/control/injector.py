@@ -30,10 +30,11 @@ FIRED_KEPT = 1000
 
 class FaultInjector:
     def __init__(self, group_size: int, groups: GroupTable, fault_log: str,
-                 arm: Callable[[Fault], int | None], cluster: Callable[[Fault], int | None],
+                 arm: Callable[[Fault], int | None], cluster: Callable[..., int | None],
                  emit: Callable[[Event], None], running: Callable[[], bool]) -> None:
-        """``arm(fault)`` arms a fault in its target worker; ``cluster(fault)`` makes a cluster
-        kind happen through the scheduler. Both return the step the fault is due at."""
+        """``arm(fault)`` arms a fault in its target worker; ``cluster(fault, announce)`` makes a
+        cluster kind happen through the scheduler, calling ``announce(step)`` just before it is
+        sent. Both return the step the fault is due at."""
         self.group_size = group_size
         self.fault_log = fault_log
         self._groups, self._arm, self._cluster, self._emit, self._running = groups, arm, cluster, emit, running
@@ -71,9 +72,14 @@ class FaultInjector:
         if g.state not in (TRAINING, HEALING):
             allowed = [x.index for x in self._groups.training()]
             raise RuntimeError(f"inject: replica {fault.replica} is {g.state}; allowed targets now: {allowed}")
-        step = self._deliver(fault)
-        self._emit(FaultInjected(fault=fault.kind.value, replica=fault.replica, rank=fault.rank,
-                                 step=step if step is not None else fault.at_step, factor=_factor(fault)))
+        def announce(step: int | None) -> None:
+            self._emit(FaultInjected(fault=fault.kind.value, replica=fault.replica, rank=fault.rank,
+                                     step=step if step is not None else fault.at_step, factor=_factor(fault)))
+
+        if fault.kind in CLUSTER_KINDS:  # recorded before it is sent: the cluster may report it at once
+            self._cluster(fault, announce)
+        else:
+            announce(self._arm(fault))
 
     def _fire_quietly(self, fault: Fault) -> None:
         """A delayed fault whose target is no longer running is dropped (its injection is recorded)."""
