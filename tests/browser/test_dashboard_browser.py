@@ -145,6 +145,20 @@ def test_real_run_moves_the_dashboard_while_no_cell_runs(notebook):
                    worker_logs=True)
 
 
+def test_a_detached_runs_dashboard_moves_while_no_cell_runs_and_stops_the_run(notebook):
+    """notebooks/03_dashboard.ipynb with ``detached``: the run lives in a host process of its own
+    (issue 52); the kernel's dashboard follows it through the run's client - the kill, the
+    recovery, the curve - and its Stop button ends the run's host."""
+    from monarch_nb.ft.control.run_client import live_runs
+
+    _follow_a_kill(notebook, "03_dashboard.ipynb", "dashboard_detached_run", timeout_s=300,
+                   params={"replicas": 2, "detached": True})
+    deadline = time.monotonic() + 60
+    while any(r["name"] == "dashboard-detached" for r in live_runs()) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not [r for r in live_runs() if r["name"] == "dashboard-detached"], "the Stop button left the run's host"
+
+
 # Among DOM snapshots taken after the last cell finished: group ``victim`` drawn failed, later training.
 FAILED_THEN_TRAINING = """
 (victim) => {
