@@ -332,6 +332,28 @@ def test_close_stops_updates():
         open_.close()
 
 
+@pytest.mark.parametrize("job, offered, not_offered", [
+    (None, {"kill", "comms", "slow"}, {"preempt", "pod_delete", "evict", "node_notready"}),
+    ("local", {"kill", "hang"}, {"preempt", "node_down", "pod_delete"}),
+    ("slurm", {"kill", "preempt", "node_down"}, {"pod_delete", "evict"}),
+    ("kubernetes", {"kill", "pod_delete", "evict", "node_notready"}, {"preempt", "node_down"}),
+])
+def test_the_fault_menu_offers_only_what_the_runs_job_can_deliver(job, offered, not_offered):
+    """Notebook 06 at 16 groups in JupyterLab offered preempt, pod_delete and the other cluster
+    kinds on a local run, each refused when clicked; the menu now follows the run's job."""
+    import types
+
+    run = FakeRun()
+    if job is not None:
+        run.config = types.SimpleNamespace(job=job)
+    d = Dashboard(store_of(healthy_run()), controls=run)
+    try:
+        kinds = set(d.fault_kind.options)
+        assert offered <= kinds and not (not_offered & kinds), kinds
+    finally:
+        d.close()
+
+
 def test_controls_call_the_run_off_the_message_loop():
     run = FakeRun()
     d = Dashboard(store_of(healthy_run()), controls=run)

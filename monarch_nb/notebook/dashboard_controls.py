@@ -12,8 +12,8 @@ from __future__ import annotations
 import threading
 from typing import TYPE_CHECKING, Protocol
 
+from ..ft.settings.faults import kinds_for
 from .dashboard_format import esc
-from .dashboard_model import FAULT_KINDS
 
 if TYPE_CHECKING:
     import ipywidgets
@@ -38,7 +38,9 @@ class ControlPanel:
         import ipywidgets as w
 
         self.controls = controls
-        self.fault_kind = w.Dropdown(options=list(FAULT_KINDS), value="kill", description="fault",
+        # the kinds this run's job can deliver (a local run lists no Kubernetes or SLURM kind)
+        kinds = kinds_for(getattr(getattr(controls, "config", None), "job", None))
+        self.fault_kind = w.Dropdown(options=list(kinds), value="kill", description="fault",
                                      layout=w.Layout(width="180px"))
         self.replica_choice = w.Dropdown(options=[], description="group", layout=w.Layout(width="190px"))
         self.inject_button = w.Button(description="Inject fault", button_style="danger", icon="bolt",

@@ -29,7 +29,8 @@ STATE_STYLES: dict[str, StateStyle] = {
     "repairing": StateStyle("#ff8f00", "#1a1a1a", "\u2699", "repairing in place"),
     "respawning": StateStyle(_AMBER, "#1a1a1a", "\u21bb", "respawning"),
     "healing": StateStyle(_BLUE, "#ffffff", "\u21c4", "healing"),
-    "waiting": StateStyle("#6a1b9a", "#ffffff", "\u29d7", "waiting for a state holder"),
+    # U+25F7: in DejaVu, which Debian's Chromium draws with (U+29D7 came out as an empty box)
+    "waiting": StateStyle("#6a1b9a", "#ffffff", "\u25f7", "waiting for a state holder"),
     "stopped": StateStyle(_GREY, "#ffffff", "\u25a0", "stopped"),
     "gave_up": StateStyle("#7f0000", "#ffffff", "\u2620", "GAVE UP"),
     "finished": StateStyle("#455a64", "#ffffff", "\u2691", "finished"),

@@ -78,6 +78,16 @@ class FaultKind(str, enum.Enum):
 # Faults the controller makes happen through the cluster's scheduler, not inside a worker.
 CLUSTER_KINDS = frozenset({FaultKind.PREEMPT, FaultKind.NODE_DOWN, FaultKind.POD_DELETE, FaultKind.EVICT,
                            FaultKind.NODE_NOTREADY})
+# The cluster kinds each job's scheduler delivers (jobs.slurm and jobs.kubernetes_allocation name them too).
+JOB_CLUSTER_KINDS = {"slurm": frozenset({FaultKind.PREEMPT, FaultKind.NODE_DOWN}),
+                     "kubernetes": frozenset({FaultKind.POD_DELETE, FaultKind.EVICT, FaultKind.NODE_NOTREADY})}
+
+
+def kinds_for(job: str | None) -> tuple[str, ...]:
+    """The fault kinds a run on ``job`` can be given: every worker kind, and the cluster kinds
+    of its own scheduler only (a local run has none)."""
+    own = JOB_CLUSTER_KINDS.get(job or "local", frozenset())
+    return tuple(k.value for k in FaultKind if k not in CLUSTER_KINDS or k in own)
 
 # Faults after which nothing fails, so no recovery follows (the check they test records itself).
 FAILS_NOTHING = frozenset({FaultKind.CORRUPT.value, FaultKind.SLOW.value})
