@@ -8,7 +8,8 @@ steps from draining until 3 steps after drained, in median steps of the warm-up,
 it is anyway; ``stall_join_steps`` before the group was told to leave, while the replacement
 joined and healed, and ``stall_leave_steps`` after), ``identical`` (every group's digests at a common step after it), ``from_spare``.
 
-    python bench/bench_drain.py [--quick] [--replicas 3] [--spares 0,1] [--repeats 2] [--out bench/results/drain.json]
+    python bench/bench_drain.py [--quick] [--replicas 3] [--spares 0,1] [--repeats 2] [--heartbeat-timeout-ms N]
+                                [--out bench/results/drain.json]
 """
 
 from __future__ import annotations
@@ -29,10 +30,11 @@ sys.path.insert(0, str(REPO))
 def one_run(spares: int, a: argparse.Namespace, root: str) -> list[dict]:
     from monarch_nb.ft import FTRun, RunConfig
     from monarch_nb.ft.control.waiting import wait_for_spares
-    from monarch_nb.telemetry.events import ReplicaState, Step
+    from monarch_nb.telemetry.events import FailureDetected, ReplicaState, Step
 
+    beat = {"heartbeat_timeout_ms": a.heartbeat_timeout_ms} if a.heartbeat_timeout_ms else {}
     run = FTRun(RunConfig(replicas=a.replicas, model=a.model, spares=spares, runs_root=root,
-                          run_name=f"drain-spares{spares}"))
+                          run_name=f"drain-spares{spares}", **beat))
     records = []
     try:
         run.start()
@@ -70,7 +72,9 @@ def one_run(spares: int, a: argparse.Namespace, root: str) -> list[dict]:
                             "stall_join_steps": round(max(join) / step_s - 1, 2) if step_s > 0 else None,
                             "stall_leave_steps": round(max(leave) / step_s - 1, 2) if step_s > 0 else None,
                             "identical": bool(same is not None and same.identical), "from_spare": moved.from_spare,
-                            "step_s": step_s})
+                            "step_s": step_s, "heartbeat_timeout_ms": run.config.heartbeat_timeout_ms,
+                            # any failure in the run so far (a lower heartbeat timeout may count a live group out)
+                            "failures": len(run.events.events(FailureDetected))})
             victim = moved.replacement
     finally:
         run.stop()
@@ -85,6 +89,8 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--warmup", type=int, default=20)
     p.add_argument("--quick", action="store_true", help="one drain per configuration")
+    p.add_argument("--heartbeat-timeout-ms", type=int, default=None,
+                   help="the Lighthouse's heartbeat timeout (default: RunConfig's); the leave waits it out")
     p.add_argument("--out", default=None)
     a = p.parse_args()
     if a.quick:
