@@ -1,7 +1,8 @@
 """Monarch internals for meshes on other hosts (pods, SLURM nodes with networks of their own).
 
 Beside :mod:`monarch_nb.seam`, under the same rule: each function reaches what Monarch does not
-expose, and ``tests/test_seam.py`` checks it against the pinned torchmonarch 0.7.0.
+expose (torchmonarch 0.7.0). They are checked where they are used, on the real cluster (the
+Kubernetes tests) and, for the refusal, without one (tests/test_kubernetes_specs.py).
 """
 
 from __future__ import annotations

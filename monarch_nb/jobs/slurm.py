@@ -134,25 +134,26 @@ def _check(out: subprocess.CompletedProcess, what: str) -> subprocess.CompletedP
     return out
 
 
+def _node_fields(stdout: str) -> list[dict[str, str]]:
+    """``scontrol show node -o``'s lines, each as its ``Key=value`` fields."""
+    return [dict(tok.split("=", 1) for tok in line.split() if "=" in tok) for line in stdout.splitlines()]
+
+
+def _nodes() -> list[dict[str, str]]:
+    return _node_fields(_check(_run(["scontrol", "show", "node", "-o"]), "scontrol show node").stdout)
+
+
 def draining_nodes() -> set[str]:
     """Nodes an administrator set to DRAIN (``scontrol update nodename=N state=drain``): SLURM
     starts no new job there, and the jobs on it are about to be ended for maintenance."""
-    out = _check(_run(["scontrol", "show", "node", "-o"]), "scontrol show node")
-    nodes = set()
-    for line in out.stdout.splitlines():
-        fields = dict(tok.split("=", 1) for tok in line.split() if "=" in tok)
-        if "DRAIN" in fields.get("State", "").upper() and fields.get("NodeName"):
-            nodes.add(fields["NodeName"])
-    return nodes
+    return {f["NodeName"] for f in _nodes() if "DRAIN" in f.get("State", "").upper() and f.get("NodeName")}
 
 
 def no_room(cpus: int, exclusive: bool, partition: str | None) -> str | None:
     """Why no SLURM node can start one more allocation now (None: one can): every node of the
     partition draining, down or with fewer than ``cpus`` CPUs unallocated (``exclusive``: none idle)."""
-    out = _check(_run(["scontrol", "show", "node", "-o"]), "scontrol show node")
     seen = []
-    for line in out.stdout.splitlines():
-        f = dict(tok.split("=", 1) for tok in line.split() if "=" in tok)
+    for f in _nodes():
         if partition is not None and partition not in f.get("Partitions", "").split(","):
             continue
         state = f.get("State", "").upper()
@@ -206,8 +207,7 @@ class ClusterNetwork:
 def _cluster_network() -> ClusterNetwork:
     import ipaddress
 
-    out = _run(["scontrol", "show", "node", "-o"])
-    fields = [dict(tok.split("=", 1) for tok in line.split() if "=" in tok) for line in out.stdout.splitlines()]
+    fields = _node_fields(_run(["scontrol", "show", "node", "-o"]).stdout)
     hosts = [f["NodeHostName"] for f in fields if "NodeHostName" in f]
     addrs = [a for f in fields for a in [_resolve(f.get("NodeAddr", ""))] if a]
     loopback = bool(addrs) and all(ipaddress.ip_address(a).is_loopback for a in addrs)
