@@ -92,7 +92,7 @@ def _runs(argv: list[str]) -> int:
         rows = live_runs()
         for r in rows:
             print(f"{r['name']}\tstep {r['step']}\t{r['groups']} groups\towner {r['owner']}\t"
-                  f"{r['age_s'] / 60:.1f} min\thost pid {r['pid']}")
+                  f"{r['age_s'] / 60:.1f} min\thost {r['where']}")
         if not rows:
             print("no live named runs", file=sys.stderr)
         return 0

@@ -15,28 +15,13 @@ from pathlib import Path
 
 import pytest
 
-from monarch_nb.ft.control.run_client import RUN_ENV, live_runs
+from monarch_nb.ft.control.run_client import live_runs
 from monarch_nb.telemetry.events import CheckpointSaved, RunStopped, Step
 from monarch_nb.telemetry.follow import follow
 from helpers.kernel_client import run_in_kernel as run
-from helpers.proc_checks import wait_for
+from helpers.proc_checks import processes_of, wait_for
 
 pytestmark = pytest.mark.slow
-
-
-def processes_of(run_id: str) -> list[int]:
-    """Every process whose environment carries the run's id."""
-    found = []
-    needle = f"{RUN_ENV}={run_id}".encode()
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            if needle in (proc / "environ").read_bytes().split(b"\0"):
-                found.append(int(proc.name))
-        except OSError:
-            continue
-    return found
 
 
 def test_a_named_run_outlives_a_kernel_restart_and_a_new_kernel_attaches_heals_and_stops_it(kernel):

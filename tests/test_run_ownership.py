@@ -209,3 +209,11 @@ def test_a_checkpoint_of_another_model_is_refused_by_resume_and_by_resume_from(t
                         resume_from=str(step_dir(run_dir / "checkpoints", 10))))
     with pytest.raises(ValueError, match=r"^resume_from: FTRun.resume continues a run from its own checkpoints"):
         FTRun.resume(run_dir, resume_from=str(run_dir / "checkpoints"))
+
+
+def test_a_run_placed_on_the_cluster_must_run_on_slurm_and_in_a_host_of_its_own(tmp_path):
+    with pytest.raises(ValueError, match=r"controller_on: 'cluster' .*job='local': train on SLURM \(job='slurm'.*controller_on='local'"):
+        RunConfig(controller_on="cluster").validate()
+    with pytest.raises(ValueError, match=r"FTRun.detached\(config\) or `%monarch train --name NAME`"):
+        FTRun(RunConfig(job="slurm", controller_on="cluster", runs_root=str(tmp_path)))
+    assert not list(tmp_path.iterdir()), "a refused run wrote nothing"

@@ -128,6 +128,32 @@ def jobs_named(fragment: str) -> list[str]:
             if fragment in name]
 
 
+def submit_batch(argv: list[str], *, name: str, log: Path, partition: str | None, time_limit: str | None) -> str:
+    """``sbatch`` one command as a job of its own (one task, one CPU), started in this directory with
+    this environment; returns its id. A run's host lives so (``ft/control/host_placement.py``): it is
+    no Monarch mesh, so Monarch's SlurmJob has no part in it."""
+    script = "#!/bin/sh\nexec " + " ".join(shlex.quote(a) for a in argv) + "\n"
+    cmd = ["sbatch", "--parsable", f"--job-name={name}", f"--output={log}", "--ntasks=1", "--cpus-per-task=1",
+           f"--time={time_limit or DEFAULT_TIME_LIMIT}", "--export=ALL", f"--chdir={Path.cwd()}"]
+    if partition:
+        cmd.append(f"--partition={partition}")
+    try:
+        out = subprocess.run(cmd, input=script, capture_output=True, text=True, timeout=_SQUEUE_TIMEOUT_S)
+    except FileNotFoundError:
+        raise SlurmError("SLURM is not installed here (sbatch is not on PATH); on one machine, "
+                         "`./run.sh slurm up` installs and starts a local cluster") from None
+    return _check(out, "sbatch").stdout.strip().split(";")[0]
+
+
+def alive(job_id: str) -> bool:
+    """The job still holds (or may yet hold) its node."""
+    return job_states([job_id])[job_id].state in _ALIVE_STATES
+
+
+def cancel(job_id: str) -> None:
+    _run(["scancel", job_id])
+
+
 def _check(out: subprocess.CompletedProcess, what: str) -> subprocess.CompletedProcess:
     if out.returncode != 0:
         raise SlurmError(f"{what} failed: {(out.stderr or out.stdout).strip()}")

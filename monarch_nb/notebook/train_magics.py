@@ -69,6 +69,8 @@ def add_training_commands(sub: Any) -> None:
     train.add_argument("--partition", default=None, help="with --slurm: SLURM partition")
     train.add_argument("--time", default=None, dest="time_limit", metavar="HH:MM:SS",
                        help="with --slurm: time limit of each group's allocation")
+    train.add_argument("--controller-on", default=None, choices=["local", "cluster"],
+                       help="with --slurm --name: 'cluster' runs the run's controller in a SLURM job of its own")
     train.add_argument("--platform", default=None, choices=["auto", "cpu", "cuda", "rocm"])
     train.add_argument("--backend", default=None, choices=["gloo", "nccl"],
                        help="collective backend (default: nccl on GPUs, gloo on CPU)")
@@ -262,6 +264,7 @@ class TrainingCommands:
 
     def _started_detached(self, config: Any, args: argparse.Namespace, shell: Any) -> Any:
         """``config``'s run, or (None) ``--resume``'s, in a host process of its own."""
+        from ..ft.control import host_placement
         from ..ft.control.run_client import resume_detached, start_detached
 
         t0 = time.monotonic()
@@ -273,7 +276,8 @@ class TrainingCommands:
         self._adopt(run, shell)
         how = f" resumed from step {run.resumed_step}," if config is None else ""
         print(f"run {run.run_id}:{how} {run.config.replicas} replica groups x {run.config.group_size} process(es) "
-              f"training in a process of their own (pid {run.host_pid}; {time.monotonic() - t0:.1f} s): it outlives "
+              f"training in a process of their own ({host_placement.describe(run.host)}; "
+              f"{time.monotonic() - t0:.1f} s): it outlives "
               f"this kernel. `%monarch attach {run.run_id}` from any kernel; events in "
               f"{run.run_dir / 'events.jsonl'}; the run is `run` in this notebook")
         return run
@@ -289,6 +293,7 @@ class TrainingCommands:
         watch_run(run)
 
     def attach(self, args: argparse.Namespace, shell: Any) -> Any:
+        from ..ft.control import host_placement
         from ..ft.control.run_client import attach
 
         if self.run is not None and not self.run.stopped and not getattr(self.run, "detached", False):
@@ -299,7 +304,8 @@ class TrainingCommands:
             raise UsageError(f"attach: {exc}") from None
         self._adopt(run, shell)
         steps = run.history().summary().get("committed_steps")
-        print(f"attached to run {run.run_id} (host pid {run.host_pid}): {len(run.events)} events replayed, "
+        print(f"attached to run {run.run_id} (host {host_placement.describe(run.host)}): "
+              f"{len(run.events)} events replayed, "
               f"{steps} steps committed; the run is `run` in this notebook")
         return run
 
@@ -310,10 +316,10 @@ class TrainingCommands:
         if not rows:
             print("no live named runs (a run started with `%monarch train --name NAME` lives until it is stopped)")
             return
-        print(f"{'name':<28} {'step':>7} {'groups':>6}  {'owner':<10} {'age':>8}  host pid")
+        print(f"{'name':<28} {'step':>7} {'groups':>6}  {'owner':<10} {'age':>8}  host")
         for r in rows:
             print(f"{r['name']:<28} {r['step']:>7} {r['groups']:>6}  {str(r['owner']):<10} {r['age_s'] / 60:>6.1f} m  "
-                  f"{r['pid']}")
+                  f"{r['where']}")
 
     def inject(self, args: argparse.Namespace) -> None:
         run = self.current()
@@ -509,6 +515,7 @@ def _own_fields(args: argparse.Namespace) -> dict[str, Any]:
               "job": "slurm" if args.slurm else "kubernetes" if args.k8s else args.job, "platform": args.platform,
               "backend": args.backend, "run_name": args.name,
               "partition": args.partition, "time_limit": args.time_limit, "spares": args.spares,
+              "controller_on": args.controller_on,
               "checkpoint_every": args.checkpoint_every, "checkpoint_dir": args.checkpoint_dir,
               "on_failure": args.on_failure, "resume_from": args.resume_from,
               "lowest_rung": args.lowest_rung, "quorum": args.quorum, "straggler": args.straggler,

@@ -30,3 +30,21 @@ def wait_for(predicate, timeout: float, what: str, poll: float = 0.02):
         time.sleep(poll)
     raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
+
+def processes_of(run_id: str) -> list[int]:
+    """Every process whose environment carries the run's id (its host sets it, all it starts inherit it)."""
+    from pathlib import Path
+
+    from monarch_nb.ft.control.run_client import RUN_ENV
+
+    found = []
+    needle = f"{RUN_ENV}={run_id}".encode()
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            if needle in (proc / "environ").read_bytes().split(b"\0"):
+                found.append(int(proc.name))
+        except OSError:
+            continue
+    return found

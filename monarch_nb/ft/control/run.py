@@ -19,6 +19,7 @@ ingest, recovery and history (what the events mean).
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
@@ -44,6 +45,7 @@ from .lighthouse import Lighthouse
 from .opening import claim_checkpoint_folder, new_run, resume_point, resumed_run
 from .placement import placement_for
 from .run_log import FromTheLog
+from .host_placement import HOST_ENV
 from .run_client import RunClient, attach, resume_detached, start_detached
 from .plain_rendezvous import PlainRendezvous
 from .scaling import Scaler
@@ -89,6 +91,9 @@ class FTRun(FromTheLog):
         if overrides:
             cfg = cfg.replace(**overrides)
         self.config = cfg.validate()
+        if cfg.controller_on == "cluster" and HOST_ENV not in os.environ:
+            raise ValueError("controller_on='cluster': the run's controller lives in a SLURM job of its own, not in "
+                             "this process; start it with FTRun.detached(config) or `%monarch train --name NAME`")
         self.placement = placement_for(self.config, host_mesh_for)
         if cfg.spares:
             self.placement.spare_kwargs()  # refuses a placement that cannot hold spares, before anything starts

@@ -12,11 +12,7 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
-import threading
 import time
-from multiprocessing.connection import Client
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +20,7 @@ from ... import views
 from ...telemetry.events import RunStarted, RunStopped
 from ...telemetry.follow import follow
 from ..settings.config import RunConfig
+from . import host_placement
 from .groups import GAVE_UP, RETIRED, RETIRING, TERMINAL
 from .opening import recorded_fields
 from .run_log import FromTheLog
@@ -73,7 +70,9 @@ class RunClient(FromTheLog):
     def __init__(self, run_dir: Path, host: dict[str, Any]) -> None:
         self.run_dir = Path(run_dir)
         self.run_id: str = host["run_id"]
+        self.host = host  # where it lives (host_placement): its pid, and on a cluster its address and job
         self.host_pid: int = int(host["pid"])
+        self._alive_at = (0.0, True)  # (when, alive): a host on SLURM is asked of squeue at most once a second
         self.events = follow(self.run_dir / "events.jsonl")
         started = [e for e in self.events.events(RunStarted)]
         self.config = RunConfig.from_dict(recorded_fields(started[-1].config)) if started else RunConfig()
@@ -90,7 +89,7 @@ class RunClient(FromTheLog):
         where = control_dir(self.run_dir)
         try:
             token = (where / TOKEN).read_bytes()
-            with Client(str(where / SOCKET), family="AF_UNIX", authkey=token) as conn:
+            with host_placement.connect(self.host, where, token) as conn:
                 conn.send((method, args, kwargs))
                 answer = conn.recv()
         except (OSError, EOFError) as exc:
@@ -143,7 +142,7 @@ class RunClient(FromTheLog):
         except RuntimeError:
             report = None  # stopped meanwhile (another kernel's stop): its RunStopped is in the log
         self.wait_for(lambda e: isinstance(e, RunStopped), timeout=60, what="the run's stop")
-        _wait_gone(self.host_pid, 30.0)
+        host_placement.wait_gone(self.host, 30.0)
         return report
 
     # ---- from the run's own log ---------------------------------------------------------------
@@ -151,7 +150,14 @@ class RunClient(FromTheLog):
     @property
     def stopped(self) -> bool:
         since = self.started_t or 0.0  # a resumed run's log also holds the stop before its resume
-        return any(e.t >= since for e in self.events.recent(RunStopped)) or not _alive(self.host_pid)
+        return any(e.t >= since for e in self.events.recent(RunStopped)) or not self._host_alive()
+
+    def _host_alive(self) -> bool:
+        at, alive = self._alive_at
+        if self.host.get("slurm_job") and time.monotonic() - at < 1.0:
+            return alive
+        self._alive_at = (time.monotonic(), host_placement.alive(self.host))
+        return self._alive_at[1]
 
     @property
     def lighthouse(self) -> Any:
@@ -178,47 +184,45 @@ class RunClient(FromTheLog):
         self.events.close()
 
     def __repr__(self) -> str:
-        return f"RunClient({self.run_id}: {'stopped' if self.stopped else f'live, host pid {self.host_pid}'})"
+        where = host_placement.describe(self.host)
+        return f"RunClient({self.run_id}: {'stopped' if self.stopped else f'live, host {where}'})"
 
 
 def start_detached(config: RunConfig, timeout: float | None = None) -> RunClient:
-    """Start ``config``'s run in a host process of its own; returns once its groups train."""
-    return _host(config.to_dict(), config.runs_root,
-                 timeout if timeout is not None else config.init_timeout_s + 120)
+    """Start ``config``'s run in a host process of its own (``controller_on``: on this machine, or
+    in a SLURM job of its own); returns once its groups train."""
+    return _host(config.to_dict(), config.runs_root, timeout if timeout is not None else config.init_timeout_s + 120,
+                 _cluster(config))
 
 
 def resume_detached(run_dir: str | Path, timeout: float | None = None, **overrides: Any) -> RunClient:
     """``FTRun.resume(run_dir, **overrides)`` in a host process of its own: a run whose host died (or
-    that was stopped) continues from its newest checkpoint and outlives this kernel again."""
+    that was stopped) continues from its newest checkpoint and outlives this kernel again, where it lived."""
     run_dir = Path(run_dir).resolve()
     if run_dir.name in {r["name"] for r in live_runs(run_dir.parent)}:
         raise ValueError(f"run {run_dir.name!r} is live; `%monarch attach {run_dir.name}` gives it to this kernel")
     init = overrides.get("init_timeout_s") or 300.0
+    started = follow(run_dir / "events.jsonl").events(RunStarted)
+    recorded = RunConfig.from_dict(recorded_fields(started[-1].config)) if started else RunConfig()
     return _host({"resume": str(run_dir), "overrides": overrides}, str(run_dir.parent),
-                 timeout if timeout is not None else init + 120)
+                 timeout if timeout is not None else init + 120, _cluster(recorded.replace(**overrides)))
 
 
-def _host(asked: dict[str, Any], runs_root: str | None, timeout: float) -> RunClient:
-    """Start ``run_host`` with what it is asked to run; its one-line answer says where the run lives."""
+def _cluster(config: RunConfig) -> dict[str, Any] | None:
+    """Where a host on the cluster is placed (None: on this machine)."""
+    if config.controller_on != "cluster":
+        return None
+    return {"partition": config.partition, "time_limit": config.time_limit}
+
+
+def _host(asked: dict[str, Any], runs_root: str | None, timeout: float, cluster: dict[str, Any] | None) -> RunClient:
+    """Start ``run_host`` with what it is asked to run; its one answer says where the run lives."""
     runs = Path(runs_root or os.environ.get("MONARCH_NB_RUNS") or "runs")
     runs.mkdir(parents=True, exist_ok=True)
-    log = open(runs / f".host-{os.getpid()}-{time.time_ns()}.log", "wb")
-    proc = subprocess.Popen([sys.executable, "-m", "monarch_nb.ft.control.run_host"], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, stderr=log, start_new_session=True, cwd=os.getcwd())
-    log.close()
-    assert proc.stdin is not None and proc.stdout is not None
-    proc.stdin.write(json.dumps(asked, default=str).encode())
-    proc.stdin.close()
-    box: list[bytes] = []
-    reader = threading.Thread(target=lambda: box.append(proc.stdout.readline()), daemon=True)  # type: ignore[union-attr]
-    reader.start()
-    reader.join(timeout)
-    answer = json.loads(box[0]) if box and box[0] else {"error": "the run's host ended without starting the run "
-                                                                  f"(its log: {log.name})"}
+    answer, log = host_placement.start(asked, runs, timeout, cluster)
     if "error" in answer:
-        proc.wait(30)
         raise ValueError(answer["error"])
-    Path(log.name).rename(Path(answer["run_dir"]) / CONTROL_DIR / f"host-{answer['pid']}.log")  # a resume's too
+    log.rename(Path(answer["run_dir"]) / CONTROL_DIR / f"host-{answer['pid']}.log")  # a resume's too
     return RunClient(Path(answer["run_dir"]), answer)
 
 
@@ -237,12 +241,12 @@ def live_runs(runs_root: str | Path | None = None) -> list[dict[str, Any]]:
             host = json.loads(host_file.read_text())
         except (OSError, ValueError):
             continue
-        if not _alive(int(host.get("pid", 0))):
+        if not host_placement.alive(host):
             continue
         run_dir = host_file.parent.parent
         steps = _last_steps(run_dir / "events.jsonl")
         out.append({"name": run_dir.name, "run_dir": str(run_dir), "owner": host.get("user"), "uid": host.get("uid"),
-                    "pid": host["pid"], "age_s": time.time() - float(host.get("started_t") or time.time()),
+                    "pid": host["pid"], "where": host_placement.describe(host), "age_s": time.time() - float(host.get("started_t") or time.time()),
                     "step": max(steps.values(), default=0), "groups": len(steps)})
     return sorted(out, key=lambda r: r["age_s"])
 
@@ -261,8 +265,8 @@ def attach(name: str, runs_root: str | Path | None = None) -> RunClient:
     host = json.loads(host_file.read_text())
     if int(host.get("uid", -1)) != os.getuid():
         raise PermissionError(f"run {name!r} belongs to user {host.get('user')!r}; only its owner can attach")
-    if not _alive(int(host["pid"])):
-        raise ValueError(f"run {name!r}'s host (pid {host['pid']}) is gone; its workers were released and its "
+    if not host_placement.alive(host):
+        raise ValueError(f"run {name!r}'s host ({host_placement.describe(host)}) is gone; its workers were released and its "
                          f"checkpoints resume it: %monarch train --resume {run_dir}")
     return RunClient(run_dir, host)
 
@@ -280,29 +284,3 @@ def _last_steps(log: Path) -> dict[int, int]:
     except (OSError, ValueError):
         pass
     return steps
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except (ProcessLookupError, PermissionError):
-        return False
-    try:  # a zombie (exited, not yet reaped by whoever started it) is gone too
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(") ", 1)[1][0] != "Z"
-    except OSError:
-        return True
-
-
-def _wait_gone(pid: int, timeout: float) -> None:
-    """Until process ``pid`` (not our child) has exited: its pidfd becomes readable then."""
-    import select
-
-    try:
-        fd = os.pidfd_open(pid)
-    except OSError:
-        return  # gone already
-    try:
-        select.select([fd], [], [], timeout)
-    finally:
-        os.close(fd)

@@ -7,7 +7,8 @@ here), answers one JSON line on stdout once the run trains (or why it could not 
 serves the run's controls on a Unix socket in the run directory until the run stops. It is
 started in a session of its own (``start_new_session``), so a kernel that dies or is restarted -
 Jupyter signals the kernel's whole process group - takes nothing of the run with it; a kernel
-attaches again with ``FTRun.attach(name)`` (``run_client.py``).
+attaches again with ``FTRun.attach(name)`` (``run_client.py``). With ``--ask FILE --answer FILE``
+it is a SLURM batch job instead, and serves on TCP (``host_placement.py`` says why).
 
 Why a socket of our own: Monarch's controller dies with its client (a detached controller is not
 planned there), so the run's controller cannot be a Monarch actor the kernel re-attaches to.
@@ -27,6 +28,7 @@ import threading
 from multiprocessing.connection import Listener
 from typing import Any
 
+from . import host_placement
 from .run_client import HOST, RUN_ENV, SOCKET, TOKEN, control_dir
 
 # What a client may call, by name (the rest of FTRun's surface is the client's own, from the log).
@@ -34,8 +36,9 @@ CALLS = ("status", "inject", "scale", "drain", "schedule", "stop_schedule", "che
          "stop", "spawned_pids", "disarm", "stacks")
 
 
-def serve(run: Any, stopped: threading.Event) -> Listener:
-    """Listen on the run's socket; each connection is one call, answered from its own thread."""
+def serve(run: Any, stopped: threading.Event, tcp: bool = False) -> Listener:
+    """Listen on the run's socket (``tcp``: on every interface, for clients on other hosts); each
+    connection is one call, answered from its own thread, once it has proven the token."""
     where = control_dir(run.run_dir)
     where.mkdir(mode=0o711, exist_ok=True)  # others may read host.json (whose run it is), never list
     os.chmod(where, 0o711)
@@ -44,11 +47,14 @@ def serve(run: Any, stopped: threading.Event) -> Listener:
     with os.fdopen(fd, "wb") as f:
         f.write(token)
     (where / SOCKET).unlink(missing_ok=True)  # a dead host's (a resume; a live one was refused before)
-    old = os.umask(0o177)  # the socket file is created 0600
-    try:
-        listener = Listener(str(where / SOCKET), family="AF_UNIX", authkey=token)
-    finally:
-        os.umask(old)
+    if tcp:
+        listener = Listener(("0.0.0.0", 0), family="AF_INET", authkey=token)
+    else:
+        old = os.umask(0o177)  # the socket file is created 0600
+        try:
+            listener = Listener(str(where / SOCKET), family="AF_UNIX", authkey=token)
+        finally:
+            os.umask(old)
 
     def answer(conn: Any) -> None:
         with conn:
@@ -77,21 +83,30 @@ def serve(run: Any, stopped: threading.Event) -> Listener:
     return listener
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
     from ...telemetry.events import RunStopped
     from ..settings.config import RunConfig
     from .run import FTRun
 
+    files = argparse.ArgumentParser(prog="run_host")
+    files.add_argument("--ask", default=None, help="what to run, a JSON file (a batch job has no stdin of ours)")
+    files.add_argument("--answer", default=None, help="where to answer, a file written whole")
+    opts = files.parse_args(argv)
     handshake = sys.stdout
     sys.stdout = sys.stderr  # our stdout is the one-line answer to the kernel; prints go to the host's log
+    os.environ[host_placement.HOST_ENV] = "1"
+    # A batch job's own SLURM_* settings are not the groups': their allocations must not inherit them.
+    job = {name: os.environ.pop(name, None) for name in list(os.environ) if name.startswith(("SLURM_", "SBATCH_"))}
     try:
-        asked = json.loads(sys.stdin.read())
+        asked = json.loads(open(opts.ask).read() if opts.ask else sys.stdin.read())
         if "resume" in asked:
             run = FTRun.resume(asked["resume"], **asked.get("overrides", {}))
         else:
             run = FTRun(RunConfig.from_dict(asked).validate())
     except Exception as exc:
-        print(json.dumps({"error": f"{type(exc).__name__}: {exc}"}), file=handshake, flush=True)
+        host_placement.answer(opts.answer, {"error": f"{type(exc).__name__}: {exc}"}, handshake)
         return 2
     # every process of the run carries its id (a check for leftovers looks for it)
     os.environ[RUN_ENV] = run.run_id
@@ -100,18 +115,20 @@ def main() -> int:
     signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=run.stop, args=("the run's host was "
                                                                                      "terminated",)).start())
     try:
-        listener = serve(run, stopped)
+        listener = serve(run, stopped, tcp=opts.ask is not None)
         run.start()
     except BaseException as exc:
         run.stop("it did not start")
-        print(json.dumps({"error": f"{type(exc).__name__}: {exc}"}), file=handshake, flush=True)
+        host_placement.answer(opts.answer, {"error": f"{type(exc).__name__}: {exc}"}, handshake)
         return 1
     host = {"pid": os.getpid(), "uid": os.getuid(), "user": _user(), "run_id": run.run_id,
             "run_dir": str(run.run_dir), "started_t": run.started_t,
-            "resumed_step": run.resume_from.step if run.resume_from is not None else None}
+            "resumed_step": run.resume_from.step if run.resume_from is not None else None,
+            **host_placement.where(listener.address, job.get("SLURM_JOB_ID"),
+                                     job.get("SLURMD_NODENAME") or job.get("SLURM_JOB_NODELIST"))}
     (control_dir(run.run_dir) / HOST).write_text(json.dumps(host))
     os.chmod(control_dir(run.run_dir) / HOST, 0o644)
-    print(json.dumps(host), file=handshake, flush=True)
+    host_placement.answer(opts.answer, host, handshake)
     handshake.close()
     stopped.wait()
     listener.close()

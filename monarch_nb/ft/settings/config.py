@@ -120,6 +120,8 @@ class RunConfig:
             Monarch ProcessJob host), "slurm" (each group on its own SLURM allocation; a
             failed group gets a fresh one) or "kubernetes".
         partition: job="slurm" only: the SLURM partition (None: the cluster's default).
+        controller_on: where a named run's controller lives: "local" (default: a process of its
+            own on this machine) or "cluster" (job="slurm": a SLURM job of its own, one CPU).
         time_limit: job="slurm" only: each allocation's wall-clock limit, "MM", "HH:MM:SS" or
             "D-HH:MM:SS" (None: 24 hours; one that runs out is recovered on a fresh one).
         allocation_timeout_s: job="slurm": seconds an allocation may stay pending before
@@ -307,6 +309,7 @@ class RunConfig:
     sync_every: int = 20  # torchtitan's sync_steps
     fragments: int = 1  # torchtitan's num_fragments (diloco)
     # controller
+    controller_on: str = "local"  # a named run's host: "local" (this machine) or "cluster" (a SLURM job)
     poll_interval_s: float = 0.25  # how often each group's telemetry is drained
     hang_timeout_s: float = 5.0  # a group that answers nothing for this long is hung
     init_timeout_s: float = 180.0  # actor construction (imports, model build)
@@ -344,6 +347,11 @@ class RunConfig:
         check_model(self.model)
         need_one_of("job", JOBS)
         check_job_fields(self)
+        need_one_of("controller_on", ("local", "cluster"))
+        if self.controller_on == "cluster" and self.job != "slurm":
+            raise ValueError(f"controller_on: 'cluster' places a run's controller in a SLURM job of its own; this "
+                             f"run has job={self.job!r}: train on SLURM (job='slurm', --slurm) or keep the "
+                             f"controller on this machine (controller_on='local')")
         if self.steps is not None:
             need_int("steps", 1)
         need_int("seq_len", 8)
