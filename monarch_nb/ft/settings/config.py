@@ -347,11 +347,6 @@ class RunConfig:
         check_model(self.model)
         need_one_of("job", JOBS)
         check_job_fields(self)
-        need_one_of("controller_on", ("local", "cluster"))
-        if self.controller_on == "cluster" and self.job != "slurm":
-            raise ValueError(f"controller_on: 'cluster' places a run's controller in a SLURM job of its own; this "
-                             f"run has job={self.job!r}: train on SLURM (job='slurm', --slurm) or keep the "
-                             f"controller on this machine (controller_on='local')")
         if self.steps is not None:
             need_int("steps", 1)
         need_int("seq_len", 8)
@@ -486,6 +481,12 @@ def slurm_spec(config: "RunConfig") -> Any:
 
 def check_job_fields(config: "RunConfig") -> None:
     """Fields of one kind of job are refused for another; each job's own spec is validated."""
+    if config.controller_on not in ("local", "cluster"):
+        raise ValueError(f"controller_on: unknown value {config.controller_on!r}; allowed values: local, cluster")
+    if config.controller_on == "cluster" and config.job != "slurm":
+        raise ValueError(f"controller_on: 'cluster' places a run's controller in a SLURM job of its own; this "
+                         f"run has job={config.job!r}: train on SLURM (job='slurm', --slurm) or keep the "
+                         f"controller on this machine (controller_on='local')")
     if config.job == "kubernetes":
         kubernetes_spec(config)
     elif config.kubernetes is not None:
