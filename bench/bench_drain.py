@@ -9,6 +9,7 @@ it is anyway; ``stall_join_steps`` before the group was told to leave, while the
 joined and healed, and ``stall_leave_steps`` after), ``identical`` (every group's digests at a common step after it), ``from_spare``.
 
     python bench/bench_drain.py [--quick] [--replicas 3] [--spares 0,1] [--repeats 2] [--heartbeat-timeout-ms N]
+                                [--seq-len N] [--batch-size N]
                                 [--out bench/results/drain.json]
 """
 
@@ -33,6 +34,7 @@ def one_run(spares: int, a: argparse.Namespace, root: str) -> list[dict]:
     from monarch_nb.telemetry.events import FailureDetected, ReplicaState, Step
 
     beat = {"heartbeat_timeout_ms": a.heartbeat_timeout_ms} if a.heartbeat_timeout_ms else {}
+    beat.update({k: v for k, v in (("seq_len", a.seq_len), ("batch_size", a.batch_size)) if v})
     run = FTRun(RunConfig(replicas=a.replicas, model=a.model, spares=spares, runs_root=root,
                           run_name=f"drain-spares{spares}", **beat))
     records = []
@@ -68,6 +70,7 @@ def one_run(spares: int, a: argparse.Namespace, root: str) -> list[dict]:
             leave = [b - a_ for a_, b in gaps if b > left] or [0.0]
             same = run.check_identical(timeout=180)
             records.append({"spares": spares, "replicas": a.replicas, "model": a.model, "seconds": moved.seconds,
+                            "seq_len": run.config.seq_len, "batch_size": run.config.batch_size,
                             "lost_steps": lost, "stall_steps": round(stall, 2) if stall is not None else None,
                             "stall_join_steps": round(max(join) / step_s - 1, 2) if step_s > 0 else None,
                             "stall_leave_steps": round(max(leave) / step_s - 1, 2) if step_s > 0 else None,
@@ -91,6 +94,8 @@ def main() -> None:
     p.add_argument("--quick", action="store_true", help="one drain per configuration")
     p.add_argument("--heartbeat-timeout-ms", type=int, default=None,
                    help="the Lighthouse's heartbeat timeout (default: RunConfig's); the leave waits it out")
+    p.add_argument("--seq-len", type=int, default=None, help="tokens per sequence: longer steps (default RunConfig's)")
+    p.add_argument("--batch-size", type=int, default=None, help="sequences per step (default RunConfig's)")
     p.add_argument("--out", default=None)
     a = p.parse_args()
     if a.quick:
