@@ -18,8 +18,8 @@
 #   KUBECONFIG             the kubeconfig `up` merges its context into (else ~/.kube/config)
 #
 # Layout (docs/kubernetes.md says why each setting is there):
-# - etcd on 127.0.0.1:2379 (loopback only); kube-apiserver on https://127.0.0.1:6443 with TLS,
-#   client certificates, service-account keys, Node+RBAC authorization, anonymous requests refused;
+# - etcd on 127.0.0.1:2379 (loopback only); kube-apiserver on port 6443 of every interface (pods
+#   reach it at this machine's address; the kernel at 127.0.0.1) with TLS, client certificates, service-account keys, Node+RBAC authorization, anonymous requests refused;
 #   kube-controller-manager and kube-scheduler with client certificates of their own.
 # - Node nK: its own containerd (socket, root, state under the node's dir), its own kubelet (name
 #   nK, root dir, ports 10250+10*(K-1) / healthz 10248+10*(K-1), cgroup root /mnb-nK), its own CNI
@@ -112,8 +112,12 @@ make_pki() {
   fi
   [ -f "$PKI/sa.key" ] || { openssl genrsa -out "$PKI/sa.key" 2048 2>/dev/null
                              openssl rsa -in "$PKI/sa.key" -pubout -out "$PKI/sa.pub" 2>/dev/null; }
+  # Pods (a run's host, controller_on="cluster") reach the API at this machine's address, their
+  # node's status.hostIP: the certificate names it (remade when the machine's address changed).
+  if [ -f "$PKI/apiserver.crt" ] && ! openssl x509 -in "$PKI/apiserver.crt" -noout -ext subjectAltName 2>/dev/null \
+      | grep -q "IP Address:$NODE_IP\(,\|$\)"; then rm -f "$PKI/apiserver.crt" "$PKI/apiserver.key"; fi
   cert apiserver kube-apiserver "" \
-    "DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:localhost,IP:127.0.0.1,IP:10.96.0.1"
+    "DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:localhost,IP:127.0.0.1,IP:10.96.0.1,IP:$NODE_IP"
   cert admin monarch-nb-admin system:masters
   cert apiserver-kubelet-client kube-apiserver-kubelet-client system:masters
   cert controller-manager system:kube-controller-manager
@@ -164,7 +168,7 @@ start_control_plane() {
     --log-level warn
   wait_for 30 etcd curl -fsS http://127.0.0.1:2381/health
   start kube-apiserver "$BIN/kube-apiserver" --etcd-servers=http://127.0.0.1:2379 \
-    --bind-address=127.0.0.1 --advertise-address="$NODE_IP" --secure-port=6443 \
+    --bind-address=0.0.0.0 --advertise-address="$NODE_IP" --secure-port=6443 \
     --tls-cert-file="$PKI/apiserver.crt" --tls-private-key-file="$PKI/apiserver.key" \
     --client-ca-file="$PKI/ca.crt" --anonymous-auth=false \
     --authorization-mode=Node,RBAC --enable-admission-plugins=NodeRestriction \

@@ -212,7 +212,7 @@ def test_a_checkpoint_of_another_model_is_refused_by_resume_and_by_resume_from(t
 
 
 def test_a_run_placed_on_the_cluster_must_run_on_slurm_and_in_a_host_of_its_own(tmp_path):
-    with pytest.raises(ValueError, match=r"controller_on: 'cluster' .*job='local': train on SLURM \(job='slurm'.*controller_on='local'"):
+    with pytest.raises(ValueError, match=r"controller_on: 'cluster' .*job='local': train on one \(job='slurm' / 'kubernetes'.*controller_on='local'"):
         RunConfig(controller_on="cluster").validate()
     with pytest.raises(ValueError, match=r"FTRun.detached\(config\) or `%monarch train --name NAME`"):
         FTRun(RunConfig(job="slurm", controller_on="cluster", runs_root=str(tmp_path)))

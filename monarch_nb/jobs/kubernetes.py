@@ -433,11 +433,9 @@ def _stateful_set(spec: KubernetesSpec) -> dict[str, Any]:
     if spec.shared_memory is not None:
         mounts.append({"name": "dshm", "mountPath": "/dev/shm"})
         volumes.append({"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": spec.shared_memory}})
-    paths = {p: True for p in spec.host_paths}
-    paths.update((p, False) for p in spec.writable_paths)  # a path named both ways is writable
-    for i, (path, read_only) in enumerate(paths.items()):
-        mounts.append({"name": f"host{i}", "mountPath": path, "readOnly": read_only})
-        volumes.append({"name": f"host{i}", "hostPath": {"path": path, "type": "Directory"}})
+    host_mounts, host_volumes = host_path_volumes(spec.host_paths, spec.writable_paths)
+    mounts += host_mounts
+    volumes += host_volumes
     if mounts:
         container["volumeMounts"] = mounts
         pod["volumes"] = volumes
@@ -449,6 +447,15 @@ def _stateful_set(spec: KubernetesSpec) -> dict[str, Any]:
                  "selector": {"matchLabels": labels},
                  "template": {"metadata": {"labels": {**labels, **spec.labels}}, "spec": pod}},
     }
+
+
+def host_path_volumes(read_only: Sequence[str], writable: Sequence[str]) -> tuple[list[dict], list[dict]]:
+    """Mounts and volumes of this machine's directories, each at the same path in the pod."""
+    paths = {p: True for p in read_only}
+    paths.update((p, False) for p in writable)  # a path named both ways is writable
+    mounts = [{"name": f"host{i}", "mountPath": path, "readOnly": ro} for i, (path, ro) in enumerate(paths.items())]
+    volumes = [{"name": f"host{i}", "hostPath": {"path": path, "type": "Directory"}} for i, path in enumerate(paths)]
+    return mounts, volumes
 
 
 # --- small helpers ---------------------------------------------------------------------------

@@ -104,19 +104,26 @@ def api() -> Any:
 
 
 def project_pods(namespace: str | None = None) -> list[str]:
-    """Every StatefulSet and pod of monarch_nb workers on the local cluster ("kind/namespace/name")."""
+    """Every StatefulSet and pod of monarch_nb workers, and every run host's Job and pod, on the local
+    cluster ("kind/namespace/name")."""
     from kubernetes import client
 
     from .kubernetes import APP_LABEL, APP_VALUE
+    from .kubernetes_host import HOST_LABEL
 
     selector = f"{APP_LABEL}={APP_VALUE}"
     with api() as a:
-        core, apps = client.CoreV1Api(a), client.AppsV1Api(a)
+        core, apps, batch = client.CoreV1Api(a), client.AppsV1Api(a), client.BatchV1Api(a)
         if namespace is None:
             pods = core.list_pod_for_all_namespaces(label_selector=selector).items
+            pods += core.list_pod_for_all_namespaces(label_selector=HOST_LABEL).items
             sets = apps.list_stateful_set_for_all_namespaces(label_selector=selector).items
+            jobs = batch.list_job_for_all_namespaces(label_selector=HOST_LABEL).items
         else:
             pods = core.list_namespaced_pod(namespace, label_selector=selector).items
+            pods += core.list_namespaced_pod(namespace, label_selector=HOST_LABEL).items
             sets = apps.list_namespaced_stateful_set(namespace, label_selector=selector).items
+            jobs = batch.list_namespaced_job(namespace, label_selector=HOST_LABEL).items
     return ([f"statefulset/{s.metadata.namespace}/{s.metadata.name}" for s in sets]
+            + [f"job/{j.metadata.namespace}/{j.metadata.name}" for j in jobs]
             + [f"pod/{p.metadata.namespace}/{p.metadata.name}" for p in pods])

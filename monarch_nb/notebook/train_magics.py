@@ -70,7 +70,7 @@ def add_training_commands(sub: Any) -> None:
     train.add_argument("--time", default=None, dest="time_limit", metavar="HH:MM:SS",
                        help="with --slurm: time limit of each group's allocation")
     train.add_argument("--controller-on", default=None, choices=["local", "cluster"],
-                       help="with --slurm --name: 'cluster' runs the run's controller in a SLURM job of its own")
+                       help="with --name and --slurm / --k8s: 'cluster' runs the run's controller there too")
     train.add_argument("--platform", default=None, choices=["auto", "cpu", "cuda", "rocm"])
     train.add_argument("--backend", default=None, choices=["gloo", "nccl"],
                        help="collective backend (default: nccl on GPUs, gloo on CPU)")

@@ -3,13 +3,16 @@
 ``local`` (default): ``run_host`` is a process of its own on this machine, in a session of its own;
 it is asked on stdin and answers on stdout; alive while its pid is; reached on a Unix socket (0600).
 
-``cluster`` (``controller_on="cluster"``, job="slurm"): ``run_host`` is the batch job of a SLURM
-allocation of its own (one CPU, the run's partition and time limit), so the cluster keeps it alive
-and ends it, wherever the kernel is. A batch job has no pipe to us: what to run and its answer are
-files in the runs root (0600). It listens on TCP (a Unix socket does not cross hosts); a client
-must prove the run's token (``control.token``, 0600 in the run directory) before anything it sends
-is read - multiprocessing's HMAC challenge. Alive while SLURM holds its job; a ``scancel`` of it
-is the run's host terminated (SIGTERM: the run stops and releases its groups' allocations).
+``cluster`` (``controller_on="cluster"``): the cluster keeps the run's controller alive and ends
+it, wherever the kernel is. job="slurm": ``run_host`` is the batch job of a SLURM allocation of its
+own (one CPU, the run's partition and time limit); job="kubernetes": the pod of a Kubernetes Job of
+its own (``jobs/kubernetes_host.py``). Neither has a pipe to us: what to run and its answer are
+files in the runs root (0600), which the host sees at the same path (the one-machine clusters share
+this machine's disk; elsewhere the runs root must be shared storage). It listens on TCP (a Unix
+socket does not cross hosts); a client must prove the run's token (``control.token``, 0600 in the
+run directory) before anything it sends is read - multiprocessing's HMAC challenge. Alive while
+the cluster holds its job; a ``scancel`` of it, or a delete of its Kubernetes Job, is the run's
+host terminated (SIGTERM: the run stops and releases its groups' allocations or pod sets).
 """
 
 from __future__ import annotations
@@ -33,6 +36,8 @@ def start(asked: dict[str, Any], runs: Path, timeout: float, cluster: dict[str, 
     stem = runs / f".host-{os.getpid()}-{time.time_ns()}"
     if cluster is None:
         return _start_local(asked, stem, timeout), Path(f"{stem}.log")
+    if cluster["kind"] == "kubernetes":
+        return _start_on_kubernetes(asked, stem, timeout, cluster["spec"]), Path(f"{stem}.log")
     return _start_on_slurm(asked, stem, timeout, cluster), Path(f"{stem}.log")
 
 
@@ -93,6 +98,66 @@ def _start_on_slurm(asked: dict[str, Any], stem: Path, timeout: float, cluster: 
     return answer
 
 
+def _start_on_kubernetes(asked: dict[str, Any], stem: Path, timeout: float, spec: Any) -> dict[str, Any]:
+    import dataclasses
+
+    from ...jobs import kubernetes_api as kapi
+    from ...jobs import kubernetes_host as khost
+    from ...jobs import local_k8s
+    from ..settings.tinydata import cache_root, ensure_tinydata
+
+    name = asked.get("run_name") or Path(str(asked.get("resume", "run"))).name
+    job = khost.job_name(name)
+    # In the pod the run reads the API in-cluster, as its own service account (not the kernel's kubeconfig).
+    fields = {f.name: getattr(spec, f.name) for f in dataclasses.fields(spec)}
+    fields.update(kubeconfig=None, context=None)
+    fields = {k: list(v) if isinstance(v, tuple) else dict(v) if hasattr(v, "items") else v for k, v in fields.items()}
+    placed = {"kubernetes_job": job, "namespace": spec.namespace, "kubeconfig": spec.kubeconfig, "context": spec.context}
+    if "resume" in asked:
+        asked = {**asked, "overrides": {**asked.get("overrides", {}), "kubernetes": fields}}
+    else:
+        asked = {**asked, "kubernetes": fields}
+    ask, answer_file, log = Path(f"{stem}.ask.json").resolve(), Path(f"{stem}.answer.json").resolve(), Path(f"{stem}.log")
+    _write_private(ask, json.dumps({**asked, "placed": placed}, default=str))
+    log.touch()
+    command = (f"exec {spec.python} -m {HOST_MODULE} --ask {ask} --answer {answer_file} 2>>{log.resolve()}")
+    shares_disk = bool(spec.host_paths)  # the one-machine cluster: code, data and runs at the same paths
+    docs = khost.manifests(spec, name, ["/bin/sh", "-c", command],
+                           read_only=[*spec.host_paths, str(ensure_tinydata())] if shares_disk else [],
+                           writable=[str(stem.parent.resolve())] if shares_disk else [],
+                           working_dir=spec.working_dir,
+                           env={**spec.env, "MONARCH_NB_CACHE": str(cache_root())} if shares_disk else dict(spec.env),
+                           api_at_host_ip=spec.context == local_k8s.CONTEXT)
+    target = kapi.ApiTarget(spec.namespace, spec.kubeconfig, spec.context)
+    answer: dict[str, Any] | None = None
+    with kapi.api_client(target) as api:
+        try:
+            kapi.require_namespace(api, target)
+            kapi.apply(api, docs)
+            deadline = time.monotonic() + timeout
+            while answer is None and time.monotonic() < deadline:
+                if answer_file.exists():
+                    answer = json.loads(answer_file.read_text())
+                    break
+                state = khost.state(api, spec.namespace, job)
+                problem = khost.pod_problem(api, spec.namespace, job)
+                if state not in ("RUNNING", "PENDING") or problem:
+                    answer = {"error": f"the run's host (Kubernetes Job {spec.namespace}/{job}) ended without "
+                                       f"starting the run ({problem or state}; its log: {log})"}
+                time.sleep(0.2)  # polling a file and the API: the pod can tell us nothing else
+            if answer is None:
+                answer = {"error": f"the run's host (Kubernetes Job {spec.namespace}/{job}) did not start the run "
+                                   f"within {timeout:g} s; deleted it (its log: {log})"}
+        except kapi.KubernetesPodError as exc:
+            answer = {"error": f"the run's host could not be placed on Kubernetes: {exc}"}
+        finally:
+            ask.unlink(missing_ok=True)
+            answer_file.unlink(missing_ok=True)
+        if "error" in answer:
+            khost.delete(api, spec.namespace, job)
+    return answer
+
+
 def _write_private(path: Path, text: str) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
@@ -109,12 +174,14 @@ def answer(path: str | None, reply: dict[str, Any], stream: Any) -> None:
 
 
 def where(listener_address: Any, slurm_job: str | None, node: str | None) -> dict[str, Any]:
-    """What host.json says about where the host is, beyond its pid: its TCP address and SLURM job."""
+    """What host.json says about where the host is, beyond its pid: its TCP address (a pod's IP: its
+    name resolves nowhere else) and SLURM job."""
     if not isinstance(listener_address, tuple):
         return {}
     import socket
 
-    return {"address": [socket.gethostname(), listener_address[1]], "slurm_job": slurm_job, "node": node}
+    here = os.environ.get("POD_IP") or socket.gethostname()
+    return {"address": [here, listener_address[1]], "slurm_job": slurm_job, "node": node}
 
 
 def connect(host: dict[str, Any], control: Path, token: bytes) -> Any:
@@ -126,6 +193,12 @@ def connect(host: dict[str, Any], control: Path, token: bytes) -> Any:
 
 
 def alive(host: dict[str, Any]) -> bool:
+    if host.get("kubernetes_job"):
+        from ...jobs import kubernetes_api as kapi
+        from ...jobs import kubernetes_host as khost
+
+        with kapi.api_client(_target(host)) as api:
+            return khost.state(api, host["namespace"], host["kubernetes_job"]) == "RUNNING"
     if host.get("slurm_job"):
         from ...jobs import slurm
 
@@ -133,7 +206,15 @@ def alive(host: dict[str, Any]) -> bool:
     return _pid_alive(int(host.get("pid", 0)))
 
 
+def _target(host: dict[str, Any]) -> Any:
+    from ...jobs import kubernetes_api as kapi
+
+    return kapi.ApiTarget(host["namespace"], host.get("kubeconfig"), host.get("context"))
+
+
 def describe(host: dict[str, Any]) -> str:
+    if host.get("kubernetes_job"):
+        return f"Kubernetes Job {host['namespace']}/{host['kubernetes_job']} on {host.get('node')}"
     if host.get("slurm_job"):
         return f"SLURM job {host['slurm_job']} on {host.get('node')}"
     return f"pid {host.get('pid')}"
@@ -141,7 +222,7 @@ def describe(host: dict[str, Any]) -> str:
 
 def wait_gone(host: dict[str, Any], timeout: float) -> None:
     """Until the host has exited (a local one's pidfd becomes readable; a SLURM job leaves squeue)."""
-    if host.get("slurm_job"):
+    if host.get("slurm_job") or host.get("kubernetes_job"):
         deadline = time.monotonic() + timeout
         while alive(host) and time.monotonic() < deadline:
             time.sleep(0.1)

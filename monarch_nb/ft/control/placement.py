@@ -7,6 +7,7 @@ processes (Monarch cannot spawn onto a damaged proc mesh), through the same call
 
 from __future__ import annotations
 
+import os
 import re
 import threading
 from pathlib import Path
@@ -146,7 +147,8 @@ class KubernetesPlacement(Placement):
         self._replace = dataclasses.replace
         # The Lighthouse must be reachable from the pods: on a cluster whose pod network this
         # host routes (the one-machine cluster) the address of that route, else every interface.
-        self.bind_host = pod_facing_address(spec) or "0.0.0.0"
+        # A run's host in a pod (controller_on="cluster"): its own pod IP (pods resolve no pod's name).
+        self.bind_host = pod_facing_address(spec) or os.environ.get("POD_IP") or "0.0.0.0"
 
     def share(self, run_dir: str, data_dir: str) -> None:
         # Every pod set of the run carries the run's label, so the scheduler spreads the run's

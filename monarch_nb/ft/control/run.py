@@ -92,8 +92,8 @@ class FTRun(FromTheLog):
             cfg = cfg.replace(**overrides)
         self.config = cfg.validate()
         if cfg.controller_on == "cluster" and HOST_ENV not in os.environ:
-            raise ValueError("controller_on='cluster': the run's controller lives in a SLURM job of its own, not in "
-                             "this process; start it with FTRun.detached(config) or `%monarch train --name NAME`")
+            raise ValueError("controller_on='cluster': the run's controller lives on its cluster (a SLURM job, a "
+                             "Kubernetes pod), not in this process; start it with FTRun.detached(config) or `%monarch train --name NAME`")
         self.placement = placement_for(self.config, host_mesh_for)
         if cfg.spares:
             self.placement.spare_kwargs()  # refuses a placement that cannot hold spares, before anything starts

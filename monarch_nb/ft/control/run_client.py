@@ -72,7 +72,7 @@ class RunClient(FromTheLog):
         self.run_id: str = host["run_id"]
         self.host = host  # where it lives (host_placement): its pid, and on a cluster its address and job
         self.host_pid: int = int(host["pid"])
-        self._alive_at = (0.0, True)  # (when, alive): a host on SLURM is asked of squeue at most once a second
+        self._alive_at = (0.0, True)  # (when, alive): a host on a cluster is asked after at most once a second
         self.events = follow(self.run_dir / "events.jsonl")
         started = [e for e in self.events.events(RunStarted)]
         self.config = RunConfig.from_dict(recorded_fields(started[-1].config)) if started else RunConfig()
@@ -131,7 +131,9 @@ class RunClient(FromTheLog):
 
     @property
     def spawned_pids(self) -> list[int]:
-        return [self.host_pid] + (list(self._call("spawned_pids")) if not self.stopped else [])
+        # a host on a cluster is no process of this machine's (in a pod its pid is 1 of the pod's own)
+        mine = [] if self.host.get("address") else [self.host_pid]
+        return mine + (list(self._call("spawned_pids")) if not self.stopped else [])
 
     def stop(self, reason: str = "stopped", save_timeout: float | None = None) -> Any:
         """Stop the run (from any attached kernel; a second stop waits for the first)."""
@@ -154,7 +156,7 @@ class RunClient(FromTheLog):
 
     def _host_alive(self) -> bool:
         at, alive = self._alive_at
-        if self.host.get("slurm_job") and time.monotonic() - at < 1.0:
+        if (self.host.get("slurm_job") or self.host.get("kubernetes_job")) and time.monotonic() - at < 1.0:
             return alive
         self._alive_at = (time.monotonic(), host_placement.alive(self.host))
         return self._alive_at[1]
@@ -212,7 +214,11 @@ def _cluster(config: RunConfig) -> dict[str, Any] | None:
     """Where a host on the cluster is placed (None: on this machine)."""
     if config.controller_on != "cluster":
         return None
-    return {"partition": config.partition, "time_limit": config.time_limit}
+    if config.job == "kubernetes":
+        from ..settings.config import kubernetes_spec
+
+        return {"kind": "kubernetes", "spec": kubernetes_spec(config)}
+    return {"kind": "slurm", "partition": config.partition, "time_limit": config.time_limit}
 
 
 def _host(asked: dict[str, Any], runs_root: str | None, timeout: float, cluster: dict[str, Any] | None) -> RunClient:

@@ -101,6 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     job = {name: os.environ.pop(name, None) for name in list(os.environ) if name.startswith(("SLURM_", "SBATCH_"))}
     try:
         asked = json.loads(open(opts.ask).read() if opts.ask else sys.stdin.read())
+        placed = asked.pop("placed", None) or {}  # a host on Kubernetes: its Job, and how clients ask after it
         if "resume" in asked:
             run = FTRun.resume(asked["resume"], **asked.get("overrides", {}))
         else:
@@ -124,8 +125,9 @@ def main(argv: list[str] | None = None) -> int:
     host = {"pid": os.getpid(), "uid": os.getuid(), "user": _user(), "run_id": run.run_id,
             "run_dir": str(run.run_dir), "started_t": run.started_t,
             "resumed_step": run.resume_from.step if run.resume_from is not None else None,
-            **host_placement.where(listener.address, job.get("SLURM_JOB_ID"),
-                                     job.get("SLURMD_NODENAME") or job.get("SLURM_JOB_NODELIST"))}
+            **placed, **host_placement.where(listener.address, job.get("SLURM_JOB_ID"),
+                                     job.get("SLURMD_NODENAME") or job.get("SLURM_JOB_NODELIST")
+                                     or os.environ.get("NODE_NAME"))}
     (control_dir(run.run_dir) / HOST).write_text(json.dumps(host))
     os.chmod(control_dir(run.run_dir) / HOST, 0o644)
     host_placement.answer(opts.answer, host, handshake)

@@ -121,7 +121,7 @@ class RunConfig:
             failed group gets a fresh one) or "kubernetes".
         partition: job="slurm" only: the SLURM partition (None: the cluster's default).
         controller_on: where a named run's controller lives: "local" (default: a process of its
-            own on this machine) or "cluster" (job="slurm": a SLURM job of its own, one CPU).
+            own on this machine) or "cluster" (a SLURM job / a Kubernetes Job's pod of its own).
         time_limit: job="slurm" only: each allocation's wall-clock limit, "MM", "HH:MM:SS" or
             "D-HH:MM:SS" (None: 24 hours; one that runs out is recovered on a fresh one).
         allocation_timeout_s: job="slurm": seconds an allocation may stay pending before
@@ -309,7 +309,7 @@ class RunConfig:
     sync_every: int = 20  # torchtitan's sync_steps
     fragments: int = 1  # torchtitan's num_fragments (diloco)
     # controller
-    controller_on: str = "local"  # a named run's host: "local" (this machine) or "cluster" (a SLURM job)
+    controller_on: str = "local"  # a named run's host: "local" (this machine) or "cluster" (its cluster's job)
     poll_interval_s: float = 0.25  # how often each group's telemetry is drained
     hang_timeout_s: float = 5.0  # a group that answers nothing for this long is hung
     init_timeout_s: float = 180.0  # actor construction (imports, model build)
@@ -483,10 +483,10 @@ def check_job_fields(config: "RunConfig") -> None:
     """Fields of one kind of job are refused for another; each job's own spec is validated."""
     if config.controller_on not in ("local", "cluster"):
         raise ValueError(f"controller_on: unknown value {config.controller_on!r}; allowed values: local, cluster")
-    if config.controller_on == "cluster" and config.job != "slurm":
-        raise ValueError(f"controller_on: 'cluster' places a run's controller in a SLURM job of its own; this "
-                         f"run has job={config.job!r}: train on SLURM (job='slurm', --slurm) or keep the "
-                         f"controller on this machine (controller_on='local')")
+    if config.controller_on == "cluster" and config.job not in ("slurm", "kubernetes"):
+        raise ValueError(f"controller_on: 'cluster' places a run's controller on its cluster (a SLURM job, a "
+                         f"Kubernetes pod); this run has job={config.job!r}: train on one (job='slurm' / "
+                         f"'kubernetes', --slurm / --k8s) or keep the controller here (controller_on='local')")
     if config.job == "kubernetes":
         kubernetes_spec(config)
     elif config.kubernetes is not None:

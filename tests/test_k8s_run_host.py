@@ -1,0 +1,128 @@
+"""A named run's controller placed on Kubernetes (issue 52): ``controller_on="cluster"`` with
+job="kubernetes" runs the run's host as the pod of a Kubernetes Job of its own, on the real
+one-machine cluster.
+
+The host pod makes its groups' pod sets itself, as a service account allowed only that; a client
+reaches it at its pod IP with the run's token; attach, status, a fault healed and a stop work as
+for a host on this machine; deleting the host's Job (what an operator does) stops the run and
+deletes its groups' pod sets; nothing of the run is left either way.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from monarch_nb.ft.control.run_client import CONTROL_DIR, HOST, live_runs
+from monarch_nb.ft.control.waiting import wait_for_rejoin
+from monarch_nb.jobs import local_k8s
+from monarch_nb.jobs.kubernetes_host import HOST_ACCOUNT, HOST_LABEL
+from monarch_nb.telemetry.events import RunStopped, Step
+from helpers.proc_checks import processes_of, wait_for
+
+pytestmark = [pytest.mark.k8s, pytest.mark.slow, pytest.mark.usefixtures("k8s_cluster")]
+
+
+def _pods() -> list[str]:
+    """Every pod and host Job of ours on the cluster (the groups' and the host's)."""
+    return local_k8s.project_pods("monarch")
+
+
+def _can(verb: str, resource: str, namespace: str | None = "monarch") -> bool:
+    """What the run host's service account may do, as the API server's authorizer answers it."""
+    from kubernetes import client
+
+    review = client.V1SubjectAccessReview(spec=client.V1SubjectAccessReviewSpec(
+        user=f"system:serviceaccount:monarch:{HOST_ACCOUNT}",
+        groups=["system:serviceaccounts", "system:serviceaccounts:monarch", "system:authenticated"],
+        resource_attributes=client.V1ResourceAttributes(verb=verb, resource=resource, namespace=namespace,
+                                                        group="apps" if resource == "statefulsets" else
+                                                        "batch" if resource == "jobs" else "")))
+    with local_k8s.api() as api:
+        return bool(client.AuthorizationV1Api(api).create_subject_access_review(review).status.allowed)
+
+
+def _delete_host_jobs() -> None:
+    from kubernetes import client
+
+    with local_k8s.api() as api:
+        batch = client.BatchV1Api(api)
+        for job in batch.list_namespaced_job("monarch", label_selector=HOST_LABEL).items:
+            batch.delete_namespaced_job(job.metadata.name, "monarch",
+                                        body=client.V1DeleteOptions(propagation_policy="Foreground"))
+
+
+def _start(tmp_path, name):
+    from monarch_nb.ft import FTRun, RunConfig
+
+    return FTRun.detached(RunConfig(replicas=2, model="tiny", job="kubernetes", controller_on="cluster",
+                                    runs_root=str(tmp_path), run_name=name))
+
+
+def _leave_nothing(run, name):
+    _delete_host_jobs()
+    for pid in processes_of(name):
+        try:
+            os.kill(pid, 9)
+        except ProcessLookupError:
+            pass
+    run.detach()
+
+
+def test_a_runs_controller_in_a_pod_of_its_own_makes_its_groups_pods_is_attached_heals_and_stops(tmp_path):
+    from monarch_nb.ft import FTRun
+
+    run = _start(tmp_path, "onpods")
+    try:
+        host = json.loads((run.run_dir / CONTROL_DIR / HOST).read_text())
+        assert host["kubernetes_job"] == "monarch-nb-host-onpods" and host["node"] in ("n1", "n2"), host
+        assert host["address"][0].startswith("10.244."), host  # its pod IP: a pod's name resolves nowhere else
+        from kubernetes import client
+
+        with local_k8s.api() as api:
+            [pod] = client.CoreV1Api(api).list_namespaced_pod(
+                "monarch", label_selector=f"{HOST_LABEL}={host['kubernetes_job']}").items
+        assert pod.spec.service_account_name == HOST_ACCOUNT and pod.status.pod_ip == host["address"][0]
+        assert len([p for p in _pods() if p.startswith("pod/")]) == 3, _pods()  # the host's pod and each group's
+        [row] = live_runs(tmp_path)
+        assert row["where"] == f"Kubernetes Job monarch/monarch-nb-host-onpods on {host['node']}", row
+        # the host's account may make pod sets and read nodes, and nothing beyond
+        assert _can("create", "statefulsets") and _can("list", "nodes", None) and _can("delete", "pods")
+        for verb, resource, namespace in (("get", "secrets", "monarch"), ("create", "pods", "monarch"),
+                                          ("create", "statefulsets", "default"), ("delete", "nodes", None),
+                                          ("create", "jobs", "monarch")):
+            assert not _can(verb, resource, namespace), (verb, resource, namespace)
+
+        other = FTRun.attach("onpods", tmp_path)  # as a second kernel would: at the pod's IP, with the token
+        try:
+            other.wait_for_step(3, timeout=120)
+            run.inject("kill", replica=1)
+            [healed] = wait_for_rejoin(other, 1, timeout=180)
+            assert healed.replica == 1, healed
+            assert other.check_identical(timeout=120).identical
+        finally:
+            other.detach()
+
+        run.stop()
+        assert run.stopped and len(run.events.events(RunStopped)) == 1
+        wait_for(lambda: not _pods(), 60, "the host's pod and the groups' pods to go")
+        wait_for(lambda: not processes_of("onpods"), 30, "every process of the run to end")
+        assert not live_runs(tmp_path)
+    finally:
+        _leave_nothing(run, "onpods")
+
+
+def test_deleting_the_hosts_job_stops_the_run_and_deletes_its_groups_pods(tmp_path):
+    run = _start(tmp_path, "deleted")
+    try:
+        run.wait_for(lambda e: isinstance(e, Step) and e.committed, timeout=120)
+        _delete_host_jobs()  # what an operator does
+        stop = run.wait_for(lambda e: isinstance(e, RunStopped), timeout=90, what="the run's stop")
+        assert "terminated" in stop.reason, stop
+        wait_for(lambda: not _pods(), 90, "the host's pod and the groups' pods to go")
+        wait_for(lambda: not processes_of("deleted"), 30, "every process of the run to end")
+        assert run.stopped and not live_runs(tmp_path)
+    finally:
+        _leave_nothing(run, "deleted")
