@@ -126,3 +126,47 @@ def test_deleting_the_hosts_job_stops_the_run_and_deletes_its_groups_pods(tmp_pa
         assert run.stopped and not live_runs(tmp_path)
     finally:
         _leave_nothing(run, "deleted")
+
+
+def test_a_host_killed_outright_leaves_no_pod_set_kubernetes_deletes_them_with_its_pod(tmp_path):
+    """SIGKILL of the host (a node lost does the same): nothing of ours runs to delete the groups'
+    pod sets; they are the host pod's, and Kubernetes' garbage collector deletes them with it."""
+    import psutil
+    from kubernetes import client
+
+    run = _start(tmp_path, "killed")
+    try:
+        run.wait_for(lambda e: isinstance(e, Step) and e.committed, timeout=120)
+        [host] = [p for p in psutil.process_iter(["cmdline"])
+                  if "monarch_nb.ft.control.run_host" in " ".join(p.info["cmdline"] or [])
+                  and str(tmp_path) in " ".join(p.info["cmdline"] or [])]
+        with local_k8s.api() as api:
+            sets = client.AppsV1Api(api).list_namespaced_stateful_set("monarch").items
+        assert len(sets) == 2 and all(s.metadata.owner_references[0].kind == "Pod" for s in sets), sets
+        host.kill()
+
+        def all_going() -> bool:  # the Job, its pod, the Services and budgets gone; the rest being deleted
+            with local_k8s.api() as api:
+                core, apps, policy = client.CoreV1Api(api), client.AppsV1Api(api), client.PolicyV1Api(api)
+                if (client.BatchV1Api(api).list_namespaced_job("monarch").items
+                        or core.list_namespaced_pod("monarch", label_selector=HOST_LABEL).items
+                        or core.list_namespaced_service("monarch").items
+                        or policy.list_namespaced_pod_disruption_budget("monarch").items):
+                    return False
+                rest = (apps.list_namespaced_stateful_set("monarch").items  # foreground: until their pods
+                        + core.list_namespaced_pod("monarch").items)       # end their drain grace
+                return all(o.metadata.deletion_timestamp is not None for o in rest)
+
+        wait_for(all_going, 90, "Kubernetes to delete the host's Job and pod and the groups' pod sets")
+        wait_for(lambda: run.stopped, 30, "the client to see the run's host gone")
+        with pytest.raises(ValueError, match=r"is not live|is gone"):
+            from monarch_nb.ft import FTRun
+
+            FTRun.attach("killed", tmp_path)
+    finally:
+        _leave_nothing(run, "killed")
+        with local_k8s.api() as api:
+            core = client.CoreV1Api(api)
+            for pod in core.list_namespaced_pod("monarch").items:  # not 2 minutes of their drain grace
+                core.delete_namespaced_pod(pod.metadata.name, "monarch", grace_period_seconds=0)
+        wait_for(lambda: not _pods(), 60, "the workers' pods to go")

@@ -73,7 +73,7 @@ class KubernetesAllocation(Allocation):
         try:
             if self.pod_set is not None:
                 kapi.require_namespace(self._api, self.target)
-                kapi.apply(self._api, pod_set(spec))
+                kapi.apply(self._api, owned_by_host_pod(pod_set(spec)))
                 if self.on_submit is not None:  # guarded from now on: the kernel may die before it runs
                     self.on_submit(self.reaper_commands())
             pods = kapi.wait_ready(self._api, self.target, label_selector(spec), spec.hosts or 1,
@@ -176,6 +176,20 @@ class KubernetesAllocation(Allocation):
 
 
 FENCE_TIMEOUT_S = 10.0
+
+
+def owned_by_host_pod(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """In a run's host pod (``kubernetes_host.py``) each document is the pod's: Kubernetes deletes
+    them with it, so a host killed outright leaves no pod set behind. Elsewhere unchanged."""
+    import os
+
+    from .kubernetes_host import HOST_POD_NAME, HOST_POD_UID
+
+    uid = os.environ.get(HOST_POD_UID)
+    if not uid:
+        return docs
+    owner = {"apiVersion": "v1", "kind": "Pod", "name": os.environ[HOST_POD_NAME], "uid": uid}
+    return [{**doc, "metadata": {**doc["metadata"], "ownerReferences": [owner]}} for doc in docs]
 
 
 def pod_set_name(mesh: str, name: str) -> str:

@@ -8,7 +8,9 @@ Job is the run's host terminated: its pod gets SIGTERM and the run stops within 
 The host pod calls the API itself (it makes its groups' pod sets): it runs as a service account of
 its own, allowed only what that needs - pod sets (StatefulSet, Service, PodDisruptionBudget) and
 their pods in the namespace (read, delete, evict, logs), and nodes read cluster-wide (the drain
-watch and the room check). The worker pods still mount no token.
+watch and the room check). The worker pods still mount no token. Every pod set it makes is owned
+by its pod (``ownerReferences``): a host killed outright - SIGKILL, its node lost - leaves no pod
+set behind, Kubernetes' garbage collector deletes them with the pod.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from .kubernetes import KubernetesSpec, host_path_volumes
 HOST_ACCOUNT = "monarch-nb-run-host"
 HOST_LABEL = "monarch.pytorch.org/run-host"
 GRACE_S = 60  # SIGTERM to SIGKILL: the run saves and releases its groups' pod sets in it
+HOST_POD_NAME, HOST_POD_UID = "MONARCH_NB_HOST_POD", "MONARCH_NB_HOST_POD_UID"
 
 
 def job_name(run_name: str) -> str:
@@ -50,7 +53,10 @@ def manifests(spec: KubernetesSpec, run_name: str, argv: Sequence[str], *, read_
     rbac = "rbac.authorization.k8s.io"
     subject = [{"kind": "ServiceAccount", "name": HOST_ACCOUNT, "namespace": ns}]
     variables = [{"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
-                 {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}]
+                 {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
+                 # the pod sets it makes are this pod's (kubernetes_allocation.owned_by_host_pod)
+                 {"name": HOST_POD_NAME, "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+                 {"name": HOST_POD_UID, "valueFrom": {"fieldRef": {"fieldPath": "metadata.uid"}}}]
     if api_at_host_ip:
         variables += [{"name": "KUBERNETES_SERVICE_HOST", "valueFrom": {"fieldRef": {"fieldPath": "status.hostIP"}}},
                       {"name": "KUBERNETES_SERVICE_PORT", "value": "6443"}]
