@@ -1045,3 +1045,26 @@ def test_a_cluster_fault_is_in_the_log_before_the_failure_the_cluster_reports_wh
         recoveries.apply(e)
     (rec,) = recoveries.recoveries
     assert rec.fault == "evict" and rec.detection_s == 0.01, rec
+
+
+def test_an_identity_check_retried_asks_the_groups_training_now_from_where_they_are():
+    # Seen on pods: `%monarch check` right after `inject kill`; the dying group's hash_at hung 5 s
+    # per attempt while the survivor, alone, ran ahead, and the check landed 70 s later.
+    from monarch_nb.ft.control.identity import IdentityChecks
+
+    view = [[(0, 10), (1, 10), (2, 10)], [(1, 500), (2, 501)]]  # group 0 failed during the first attempt
+    asked = []
+
+    def ask(replica, step):
+        asked.append((replica, step))
+        return None if replica == 0 else step > 505
+
+    target = IdentityChecks(group_size=1, emit=lambda e: None).request(lambda: view[min(len(asked) // 3, 1)], ask)
+    assert sorted(asked[:3]) == [(0, 13), (1, 13), (2, 13)]
+    assert {r for r, _ in asked[3:]} == {1, 2} and target == 501 + 12, (asked, target)
+    # with one group left there is nothing to compare: the check says so at once
+    alone = [[(0, 10), (1, 10)], [(1, 500)]]
+    calls = []
+    assert IdentityChecks(1, lambda e: None).request(
+        lambda: alone[min(len(calls), 1)], lambda r, s: calls.append(r) or (None if r == 0 else False)) is None
+    assert len(calls) == 2

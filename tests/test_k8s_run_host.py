@@ -11,16 +11,16 @@ deletes its groups' pod sets; nothing of the run is left either way.
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
 
 from monarch_nb.ft.control.run_client import CONTROL_DIR, HOST, live_runs
-from monarch_nb.ft.control.waiting import wait_for_rejoin
 from monarch_nb.jobs import local_k8s
 from monarch_nb.jobs.kubernetes_host import HOST_ACCOUNT, HOST_LABEL
-from monarch_nb.telemetry.events import RunStopped, Step
-from helpers.proc_checks import processes_of, wait_for
+from monarch_nb.telemetry.events import Step
+from helpers.cluster_hosts import (attach_heal_and_check, ended_by_the_cluster, kill_processes_of, start_on_cluster,
+                                   stop_and_nothing_left)
+from helpers.proc_checks import wait_for
 
 pytestmark = [pytest.mark.k8s, pytest.mark.slow, pytest.mark.usefixtures("k8s_cluster")]
 
@@ -55,25 +55,16 @@ def _delete_host_jobs() -> None:
 
 
 def _start(tmp_path, name):
-    from monarch_nb.ft import FTRun, RunConfig
-
-    return FTRun.detached(RunConfig(replicas=2, model="tiny", job="kubernetes", controller_on="cluster",
-                                    runs_root=str(tmp_path), run_name=name))
+    return start_on_cluster(tmp_path, name, "kubernetes")
 
 
 def _leave_nothing(run, name):
     _delete_host_jobs()
-    for pid in processes_of(name):
-        try:
-            os.kill(pid, 9)
-        except ProcessLookupError:
-            pass
+    kill_processes_of(name)
     run.detach()
 
 
 def test_a_runs_controller_in_a_pod_of_its_own_makes_its_groups_pods_is_attached_heals_and_stops(tmp_path):
-    from monarch_nb.ft import FTRun
-
     run = _start(tmp_path, "onpods")
     try:
         host = json.loads((run.run_dir / CONTROL_DIR / HOST).read_text())
@@ -95,21 +86,9 @@ def test_a_runs_controller_in_a_pod_of_its_own_makes_its_groups_pods_is_attached
                                           ("create", "jobs", "monarch")):
             assert not _can(verb, resource, namespace), (verb, resource, namespace)
 
-        other = FTRun.attach("onpods", tmp_path)  # as a second kernel would: at the pod's IP, with the token
-        try:
-            other.wait_for_step(3, timeout=120)
-            run.inject("kill", replica=1)
-            [healed] = wait_for_rejoin(other, 1, timeout=180)
-            assert healed.replica == 1, healed
-            assert other.check_identical(timeout=120).identical
-        finally:
-            other.detach()
+        attach_heal_and_check(run, "onpods", tmp_path)
 
-        run.stop()
-        assert run.stopped and len(run.events.events(RunStopped)) == 1
-        wait_for(lambda: not _pods(), 60, "the host's pod and the groups' pods to go")
-        wait_for(lambda: not processes_of("onpods"), 30, "every process of the run to end")
-        assert not live_runs(tmp_path)
+        stop_and_nothing_left(run, "onpods", tmp_path, lambda: not _pods())
     finally:
         _leave_nothing(run, "onpods")
 
@@ -117,13 +96,7 @@ def test_a_runs_controller_in_a_pod_of_its_own_makes_its_groups_pods_is_attached
 def test_deleting_the_hosts_job_stops_the_run_and_deletes_its_groups_pods(tmp_path):
     run = _start(tmp_path, "deleted")
     try:
-        run.wait_for(lambda e: isinstance(e, Step) and e.committed, timeout=120)
-        _delete_host_jobs()  # what an operator does
-        stop = run.wait_for(lambda e: isinstance(e, RunStopped), timeout=90, what="the run's stop")
-        assert "terminated" in stop.reason, stop
-        wait_for(lambda: not _pods(), 90, "the host's pod and the groups' pods to go")
-        wait_for(lambda: not processes_of("deleted"), 30, "every process of the run to end")
-        assert run.stopped and not live_runs(tmp_path)
+        ended_by_the_cluster(run, "deleted", tmp_path, _delete_host_jobs, lambda: not _pods())  # an operator
     finally:
         _leave_nothing(run, "deleted")
 

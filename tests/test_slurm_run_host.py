@@ -17,10 +17,10 @@ import psutil
 import pytest
 
 from monarch_nb.ft.control.run_client import CONTROL_DIR, HOST, live_runs
-from monarch_nb.ft.control.waiting import wait_for_rejoin
 from monarch_nb.jobs.slurm import alive
-from monarch_nb.telemetry.events import RunStopped, Step
-from helpers.proc_checks import processes_of, wait_for
+from helpers.cluster_hosts import (attach_heal_and_check, ended_by_the_cluster, kill_processes_of, start_on_cluster,
+                                   stop_and_nothing_left)
+from helpers.proc_checks import processes_of
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.usefixtures("slurm_cluster")]
 
@@ -32,26 +32,17 @@ def _jobs_of(name: str) -> dict[str, str]:
 
 
 def _start(tmp_path, name):
-    from monarch_nb.ft import FTRun, RunConfig
-
-    return FTRun.detached(RunConfig(replicas=2, model="tiny", job="slurm", controller_on="cluster",
-                                    runs_root=str(tmp_path), run_name=name))
+    return start_on_cluster(tmp_path, name, "slurm")
 
 
 def _leave_nothing(run, name):
     for job in _jobs_of(name):
         subprocess.run(["scancel", job], check=False)
-    for pid in processes_of(name):
-        try:
-            os.kill(pid, 9)
-        except ProcessLookupError:
-            pass
+    kill_processes_of(name)
     run.detach()
 
 
 def test_a_runs_controller_in_a_slurm_job_of_its_own_is_attached_heals_and_stops(tmp_path):
-    from monarch_nb.ft import FTRun
-
     run = _start(tmp_path, "onslurm")
     try:
         host = json.loads((run.run_dir / CONTROL_DIR / HOST).read_text())
@@ -63,22 +54,10 @@ def test_a_runs_controller_in_a_slurm_job_of_its_own_is_attached_heals_and_stops
         [row] = live_runs(tmp_path)
         assert row["name"] == "onslurm" and row["where"] == f"SLURM job {host['slurm_job']} on {host['node']}", row
 
-        other = FTRun.attach("onslurm", tmp_path)  # as a second kernel would: over TCP, with the token
-        try:
-            other.wait_for_step(3, timeout=120)
-            assert {g.state for g in other.groups} == {"training"}
-            run.inject("kill", replica=1)
-            [healed] = wait_for_rejoin(other, 1, timeout=120)
-            assert healed.replica == 1, healed
-            assert other.check_identical(timeout=120).identical
-        finally:
-            other.detach()
+        attach_heal_and_check(run, "onslurm", tmp_path)
 
-        run.stop()
-        assert run.stopped and len(run.events.events(RunStopped)) == 1
-        assert not alive(host["slurm_job"]) and not _jobs_of("onslurm"), _jobs_of("onslurm")
-        wait_for(lambda: not processes_of("onslurm"), 30, "every process of the run to end")
-        assert not live_runs(tmp_path)
+        stop_and_nothing_left(run, "onslurm", tmp_path, lambda: not _jobs_of("onslurm"))
+        assert not alive(host["slurm_job"])
     finally:
         _leave_nothing(run, "onslurm")
 
@@ -86,12 +65,8 @@ def test_a_runs_controller_in_a_slurm_job_of_its_own_is_attached_heals_and_stops
 def test_cancelling_the_hosts_job_stops_the_run_and_releases_its_groups_allocations(tmp_path):
     run = _start(tmp_path, "cancelled")
     try:
-        run.wait_for(lambda e: isinstance(e, Step) and e.committed, timeout=120)
-        subprocess.run(["scancel", run.host["slurm_job"]], check=True)  # an administrator, or its time limit
-        stop = run.wait_for(lambda e: isinstance(e, RunStopped), timeout=60, what="the run's stop")
-        assert "terminated" in stop.reason, stop
-        wait_for(lambda: not _jobs_of("cancelled"), 30, "the host's and the groups' SLURM jobs to end")
-        wait_for(lambda: not processes_of("cancelled"), 30, "every process of the run to end")
-        assert run.stopped and not live_runs(tmp_path)
+        ended_by_the_cluster(run, "cancelled", tmp_path,  # an administrator, or its time limit
+                             lambda: subprocess.run(["scancel", run.host["slurm_job"]], check=True),
+                             lambda: not _jobs_of("cancelled"))
     finally:
         _leave_nothing(run, "cancelled")

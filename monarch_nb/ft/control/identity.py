@@ -54,15 +54,18 @@ class IdentityChecks:
         self._lock = threading.Lock()
         self._pending: dict[int, _Pending] = {}
 
-    def request(self, groups: Iterable[tuple[int, int]], ask: Callable[[int, int], bool | None],
-                ahead: int = 3, attempts: int = 6) -> int | None:
+    def request(self, groups: Iterable[tuple[int, int]] | Callable[[], Iterable[tuple[int, int]]],
+                ask: Callable[[int, int], bool | None], ahead: int = 3, attempts: int = 6) -> int | None:
         """Check at a step ``ahead`` of the furthest group. ``groups`` are (replica, step) of the
-        training groups, as far as the controller knows; ``ask(replica, step)`` asks one for
-        digests: True (armed), False (it is already past that step), None (it could not be
-        asked: left out). Fast steps (a GPU commits many between two polls) can outrun the
-        controller's view: then the check moves further ahead, 4x each time.
+        training groups, as far as the controller knows (or a function giving them now);
+        ``ask(replica, step)`` asks one for digests: True (armed), False (it is already past that
+        step), None (it could not be asked: left out). Fast steps (a GPU commits many between two
+        polls) can outrun the controller's view: then the check moves further ahead, 4x each
+        time, asking the groups training then, from where they are then (a group that died during
+        an attempt is not waited for again while the others run on).
         Returns the step checked, or None with fewer than two groups."""
-        groups = list(groups)
+        view = groups if callable(groups) else (lambda fixed=list(groups): fixed)
+        groups = list(view())
         if len(groups) < 2 or self.every is None:
             return None
         # A check already waiting at the same step is joined, not replaced: a rejoin's own check and
@@ -81,7 +84,10 @@ class IdentityChecks:
             with self._lock:  # a group is already past it: this target can never complete
                 if self._pending.get(target) is pending:
                     del self._pending[target]
-            base, ahead = target, ahead * 4
+            groups = list(view())
+            if len(groups) < 2:
+                return None
+            base, ahead = max(target, max(step for _, step in groups)), ahead * 4
         else:
             return None
         with self._lock:

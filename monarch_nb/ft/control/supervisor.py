@@ -206,19 +206,19 @@ class Supervisor:
         return result
 
     def request_identity(self) -> int | None:
-        live = self.groups.training()
-        by_index = {g.index: g for g in live}
-
         def ask(replica: int, step: int) -> bool | None:
+            group = next((g for g in self.groups.training() if g.index == replica), None)
+            if group is None:  # it failed (or left) since the check began
+                return None
             try:  # every rank armed (True), or some rank already past the step (False)
-                result = self.call(by_index[replica], "hash_at", step, timeout=5.0)
+                result = self.call(group, "hash_at", step, timeout=5.0)
             except Exception:
                 return None
             if result.errors or result.missing:
                 return None
             return all(result.values.values())
 
-        return self.identity.request([(g.index, g.step) for g in live], ask)
+        return self.identity.request(lambda: [(g.index, g.step) for g in self.groups.training()], ask)
 
     # ---- watching ----------------------------------------------------------------------
 
