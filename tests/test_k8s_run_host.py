@@ -18,8 +18,8 @@ from monarch_nb.ft.control.run_client import CONTROL_DIR, HOST, live_runs
 from monarch_nb.jobs import local_k8s
 from monarch_nb.jobs.kubernetes_host import HOST_ACCOUNT, HOST_LABEL
 from monarch_nb.telemetry.events import Step
-from helpers.cluster_hosts import (attach_heal_and_check, ended_by_the_cluster, kill_processes_of, start_on_cluster,
-                                   stop_and_nothing_left)
+from helpers.cluster_hosts import (attach_heal_and_check, ended_by_the_cluster, kill_processes_of,
+                                   resumed_where_it_lived, start_on_cluster, stop_and_nothing_left)
 from helpers.proc_checks import wait_for
 
 pytestmark = [pytest.mark.k8s, pytest.mark.slow, pytest.mark.usefixtures("k8s_cluster")]
@@ -54,8 +54,8 @@ def _delete_host_jobs() -> None:
                                         body=client.V1DeleteOptions(propagation_policy="Foreground"))
 
 
-def _start(tmp_path, name):
-    return start_on_cluster(tmp_path, name, "kubernetes")
+def _start(tmp_path, name, **config):
+    return start_on_cluster(tmp_path, name, "kubernetes", **config)
 
 
 def _leave_nothing(run, name):
@@ -93,10 +93,11 @@ def test_a_runs_controller_in_a_pod_of_its_own_makes_its_groups_pods_is_attached
         _leave_nothing(run, "onpods")
 
 
-def test_deleting_the_hosts_job_stops_the_run_and_deletes_its_groups_pods(tmp_path):
-    run = _start(tmp_path, "deleted")
+def test_deleting_the_hosts_job_stops_the_run_deletes_its_groups_pods_and_it_resumes_on_a_pod_again(tmp_path):
+    run = _start(tmp_path, "deleted", checkpoint_every=4)
     try:
         ended_by_the_cluster(run, "deleted", tmp_path, _delete_host_jobs, lambda: not _pods())  # an operator
+        resumed_where_it_lived(run, "deleted", "kubernetes_job", lambda: not _pods())
     finally:
         _leave_nothing(run, "deleted")
 

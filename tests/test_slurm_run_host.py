@@ -18,8 +18,8 @@ import pytest
 
 from monarch_nb.ft.control.run_client import CONTROL_DIR, HOST, live_runs
 from monarch_nb.jobs.slurm import alive
-from helpers.cluster_hosts import (attach_heal_and_check, ended_by_the_cluster, kill_processes_of, start_on_cluster,
-                                   stop_and_nothing_left)
+from helpers.cluster_hosts import (attach_heal_and_check, ended_by_the_cluster, kill_processes_of,
+                                   resumed_where_it_lived, start_on_cluster, stop_and_nothing_left)
 from helpers.proc_checks import processes_of
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.usefixtures("slurm_cluster")]
@@ -31,8 +31,8 @@ def _jobs_of(name: str) -> dict[str, str]:
     return {i: n for i, _, n in (line.partition("|") for line in out.splitlines()) if name in n or "replica" in n}
 
 
-def _start(tmp_path, name):
-    return start_on_cluster(tmp_path, name, "slurm")
+def _start(tmp_path, name, **config):
+    return start_on_cluster(tmp_path, name, "slurm", **config)
 
 
 def _leave_nothing(run, name):
@@ -62,11 +62,12 @@ def test_a_runs_controller_in_a_slurm_job_of_its_own_is_attached_heals_and_stops
         _leave_nothing(run, "onslurm")
 
 
-def test_cancelling_the_hosts_job_stops_the_run_and_releases_its_groups_allocations(tmp_path):
-    run = _start(tmp_path, "cancelled")
+def test_cancelling_the_hosts_job_stops_the_run_releases_its_groups_and_it_resumes_in_a_job_again(tmp_path):
+    run = _start(tmp_path, "cancelled", checkpoint_every=4)
     try:
         ended_by_the_cluster(run, "cancelled", tmp_path,  # an administrator, or its time limit
                              lambda: subprocess.run(["scancel", run.host["slurm_job"]], check=True),
                              lambda: not _jobs_of("cancelled"))
+        resumed_where_it_lived(run, "cancelled", "slurm_job", lambda: not _jobs_of("cancelled"))
     finally:
         _leave_nothing(run, "cancelled")

@@ -84,6 +84,16 @@ def manifests(spec: KubernetesSpec, run_name: str, argv: Sequence[str], *, read_
     ]
 
 
+def in_host_pod(spec: KubernetesSpec) -> KubernetesSpec:
+    """In a run's host pod the run reads the API in-cluster, as the pod's service account, whatever
+    kubeconfig the kernel that placed it used (the run's config keeps the kernel's: a resume places
+    the host again from there)."""
+    import dataclasses
+    import os
+
+    return dataclasses.replace(spec, kubeconfig=None, context=None) if os.environ.get(HOST_POD_UID) else spec
+
+
 def state(api: Any, namespace: str, name: str) -> str:
     """RUNNING while the Job's pod may still run the host (pending, running, terminating), else
     why not: FAILED with the pod's reason, or GONE."""

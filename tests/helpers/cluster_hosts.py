@@ -8,11 +8,11 @@ import os
 from helpers.proc_checks import processes_of
 
 
-def start_on_cluster(tmp_path, name: str, job: str):
+def start_on_cluster(tmp_path, name: str, job: str, **config):
     from monarch_nb.ft import FTRun, RunConfig
 
     return FTRun.detached(RunConfig(replicas=2, model="tiny", job=job, controller_on="cluster",
-                                    runs_root=str(tmp_path), run_name=name))
+                                    runs_root=str(tmp_path), run_name=name, **config))
 
 
 def attach_heal_and_check(run, name: str, root) -> None:
@@ -60,13 +60,31 @@ def ended_by_the_cluster(run, name: str, root, end_host, cluster_empty) -> None:
     """What an administrator does to the host's job (``end_host()``) stops the run: recorded as the
     host terminated, the groups' allocations released, nothing left."""
     from monarch_nb.ft.control.run_client import live_runs
-    from monarch_nb.telemetry.events import RunStopped, Step
+    from monarch_nb.telemetry.events import CheckpointSaved, RunStopped
     from helpers.proc_checks import wait_for
 
-    run.wait_for(lambda e: isinstance(e, Step) and e.committed, timeout=120)
+    run.wait_for(lambda e: isinstance(e, CheckpointSaved), timeout=120)  # a checkpoint to resume from
     end_host()
     stop = run.wait_for(lambda e: isinstance(e, RunStopped), timeout=90, what="the run's stop")
     assert "terminated" in stop.reason, stop
     wait_for(cluster_empty, 90, "the cluster to hold nothing of the run")
     wait_for(lambda: not processes_of(name), 30, "every process of the run to end")
     assert run.stopped and not live_runs(root)
+
+
+def resumed_where_it_lived(run, name: str, placed_as: str, cluster_empty) -> None:
+    """A run whose host the cluster ended resumes from its checkpoint in a host placed on the cluster
+    again (its log says where it lived), trains on, and stops leaving nothing."""
+    from monarch_nb.ft import FTRun
+    from helpers.proc_checks import wait_for
+
+    again = FTRun.resume_detached(run.run_dir)
+    try:
+        assert again.host.get(placed_as) and again.resumed_step is not None, again.host
+        again.wait_for_step(again.resumed_step + 2, timeout=120)
+        again.stop()
+        assert again.stopped
+        wait_for(cluster_empty, 60, "the cluster to hold nothing of the resumed run")
+        wait_for(lambda: not processes_of(name), 30, "every process of the resumed run to end")
+    finally:
+        again.detach()

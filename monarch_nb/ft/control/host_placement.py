@@ -99,8 +99,6 @@ def _start_on_slurm(asked: dict[str, Any], stem: Path, timeout: float, cluster: 
 
 
 def _start_on_kubernetes(asked: dict[str, Any], stem: Path, timeout: float, spec: Any) -> dict[str, Any]:
-    import dataclasses
-
     from ...jobs import kubernetes_api as kapi
     from ...jobs import kubernetes_host as khost
     from ...jobs import local_k8s
@@ -108,15 +106,8 @@ def _start_on_kubernetes(asked: dict[str, Any], stem: Path, timeout: float, spec
 
     name = asked.get("run_name") or Path(str(asked.get("resume", "run"))).name
     job = khost.job_name(name)
-    # In the pod the run reads the API in-cluster, as its own service account (not the kernel's kubeconfig).
-    fields = {f.name: getattr(spec, f.name) for f in dataclasses.fields(spec)}
-    fields.update(kubeconfig=None, context=None)
-    fields = {k: list(v) if isinstance(v, tuple) else dict(v) if hasattr(v, "items") else v for k, v in fields.items()}
+    # how a client asks after it (the kernel's kubeconfig); the pod itself reads the API in-cluster
     placed = {"kubernetes_job": job, "namespace": spec.namespace, "kubeconfig": spec.kubeconfig, "context": spec.context}
-    if "resume" in asked:
-        asked = {**asked, "overrides": {**asked.get("overrides", {}), "kubernetes": fields}}
-    else:
-        asked = {**asked, "kubernetes": fields}
     ask, answer_file, log = Path(f"{stem}.ask.json").resolve(), Path(f"{stem}.answer.json").resolve(), Path(f"{stem}.log")
     _write_private(ask, json.dumps({**asked, "placed": placed}, default=str))
     log.touch()
@@ -184,12 +175,12 @@ def where(listener_address: Any, slurm_job: str | None, node: str | None) -> dic
     return {"address": [here, listener_address[1]], "slurm_job": slurm_job, "node": node}
 
 
-def connect(host: dict[str, Any], control: Path, token: bytes) -> Any:
+def connect(host: dict[str, Any], socket_path: Path, token: bytes) -> Any:
     from multiprocessing.connection import Client
 
     if host.get("address"):
         return Client(tuple(host["address"]), family="AF_INET", authkey=token)
-    return Client(str(control / "control.sock"), family="AF_UNIX", authkey=token)
+    return Client(str(socket_path), family="AF_UNIX", authkey=token)
 
 
 def alive(host: dict[str, Any]) -> bool:

@@ -89,7 +89,7 @@ class RunClient(FromTheLog):
         where = control_dir(self.run_dir)
         try:
             token = (where / TOKEN).read_bytes()
-            with host_placement.connect(self.host, where, token) as conn:
+            with host_placement.connect(self.host, where / SOCKET, token) as conn:
                 conn.send((method, args, kwargs))
                 answer = conn.recv()
         except (OSError, EOFError) as exc:
@@ -192,7 +192,7 @@ class RunClient(FromTheLog):
 
 def start_detached(config: RunConfig, timeout: float | None = None) -> RunClient:
     """Start ``config``'s run in a host process of its own (``controller_on``: on this machine, or
-    in a SLURM job of its own); returns once its groups train."""
+    on its cluster: a SLURM job, a Kubernetes pod); returns once its groups train."""
     return _host(config.to_dict(), config.runs_root, timeout if timeout is not None else config.init_timeout_s + 120,
                  _cluster(config))
 

@@ -503,10 +503,12 @@ def kubernetes_spec(config: "RunConfig") -> Any:
     """What each group's pod set asks for (job="kubernetes"): one pod of ``group_size`` processes."""
     from ...jobs.kubernetes import KubernetesSpec
 
+    from ...jobs.kubernetes_host import in_host_pod
+
     if config.kubernetes is None:
         from ...jobs import local_k8s
 
-        return local_k8s.spec()
+        return in_host_pod(local_k8s.spec())
     if not isinstance(config.kubernetes, dict):
         raise ValueError(f"kubernetes: {config.kubernetes!r} is not a dict of KubernetesSpec fields")
     known = {f.name for f in dataclasses.fields(KubernetesSpec)}
@@ -516,7 +518,7 @@ def kubernetes_spec(config: "RunConfig") -> Any:
                          f"known: {', '.join(sorted(known))}")
     fields = {k: tuple(v) if k in ("host_paths", "writable_paths") else v for k, v in config.kubernetes.items()}
     try:
-        return KubernetesSpec(**fields).validate()
+        return in_host_pod(KubernetesSpec(**fields).validate())
     except ValueError as exc:
         raise ValueError(f"kubernetes.{exc}") from None
 
