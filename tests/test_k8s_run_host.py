@@ -18,7 +18,7 @@ from monarch_nb.ft.control.run_client import CONTROL_DIR, HOST, live_runs
 from monarch_nb.jobs import local_k8s
 from monarch_nb.jobs.kubernetes_host import HOST_ACCOUNT, HOST_LABEL
 from monarch_nb.telemetry.events import Step
-from helpers.cluster_hosts import (attach_heal_and_check, ended_by_the_cluster, kill_processes_of,
+from helpers.cluster_hosts import (attach_heal_and_check, ended_by_the_cluster, leave_nothing,
                                    resumed_where_it_lived, start_on_cluster, stop_and_nothing_left)
 from helpers.proc_checks import wait_for
 
@@ -58,12 +58,6 @@ def _start(tmp_path, name, **config):
     return start_on_cluster(tmp_path, name, "kubernetes", **config)
 
 
-def _leave_nothing(run, name):
-    _delete_host_jobs()
-    kill_processes_of(name)
-    run.detach()
-
-
 def test_a_runs_controller_in_a_pod_of_its_own_makes_its_groups_pods_is_attached_heals_and_stops(tmp_path):
     run = _start(tmp_path, "onpods")
     try:
@@ -90,7 +84,7 @@ def test_a_runs_controller_in_a_pod_of_its_own_makes_its_groups_pods_is_attached
 
         stop_and_nothing_left(run, "onpods", tmp_path, lambda: not _pods())
     finally:
-        _leave_nothing(run, "onpods")
+        leave_nothing(run, "onpods", _delete_host_jobs)
 
 
 def test_deleting_the_hosts_job_stops_the_run_deletes_its_groups_pods_and_it_resumes_on_a_pod_again(tmp_path):
@@ -99,7 +93,7 @@ def test_deleting_the_hosts_job_stops_the_run_deletes_its_groups_pods_and_it_res
         ended_by_the_cluster(run, "deleted", tmp_path, _delete_host_jobs, lambda: not _pods())  # an operator
         resumed_where_it_lived(run, "deleted", "kubernetes_job", lambda: not _pods())
     finally:
-        _leave_nothing(run, "deleted")
+        leave_nothing(run, "deleted", _delete_host_jobs)
 
 
 def test_a_host_killed_outright_leaves_no_pod_set_kubernetes_deletes_them_with_its_pod(tmp_path):
@@ -138,7 +132,7 @@ def test_a_host_killed_outright_leaves_no_pod_set_kubernetes_deletes_them_with_i
 
             FTRun.attach("killed", tmp_path)
     finally:
-        _leave_nothing(run, "killed")
+        leave_nothing(run, "killed", _delete_host_jobs)
         with local_k8s.api() as api:
             core = client.CoreV1Api(api)
             for pod in core.list_namespaced_pod("monarch").items:  # not 2 minutes of their drain grace

@@ -18,7 +18,7 @@ import pytest
 
 from monarch_nb.ft.control.run_client import CONTROL_DIR, HOST, live_runs
 from monarch_nb.jobs.slurm import alive
-from helpers.cluster_hosts import (attach_heal_and_check, ended_by_the_cluster, kill_processes_of,
+from helpers.cluster_hosts import (attach_heal_and_check, ended_by_the_cluster, leave_nothing,
                                    resumed_where_it_lived, start_on_cluster, stop_and_nothing_left)
 from helpers.proc_checks import processes_of
 
@@ -35,11 +35,9 @@ def _start(tmp_path, name, **config):
     return start_on_cluster(tmp_path, name, "slurm", **config)
 
 
-def _leave_nothing(run, name):
+def _cancel_jobs_of(name):
     for job in _jobs_of(name):
         subprocess.run(["scancel", job], check=False)
-    kill_processes_of(name)
-    run.detach()
 
 
 def test_a_runs_controller_in_a_slurm_job_of_its_own_is_attached_heals_and_stops(tmp_path):
@@ -59,7 +57,7 @@ def test_a_runs_controller_in_a_slurm_job_of_its_own_is_attached_heals_and_stops
         stop_and_nothing_left(run, "onslurm", tmp_path, lambda: not _jobs_of("onslurm"))
         assert not alive(host["slurm_job"])
     finally:
-        _leave_nothing(run, "onslurm")
+        leave_nothing(run, "onslurm", lambda: _cancel_jobs_of("onslurm"))
 
 
 def test_cancelling_the_hosts_job_stops_the_run_releases_its_groups_and_it_resumes_in_a_job_again(tmp_path):
@@ -70,4 +68,4 @@ def test_cancelling_the_hosts_job_stops_the_run_releases_its_groups_and_it_resum
                              lambda: not _jobs_of("cancelled"))
         resumed_where_it_lived(run, "cancelled", "slurm_job", lambda: not _jobs_of("cancelled"))
     finally:
-        _leave_nothing(run, "cancelled")
+        leave_nothing(run, "cancelled", lambda: _cancel_jobs_of("cancelled"))

@@ -436,10 +436,10 @@ class SlurmAllocation(Allocation):
         job_id, self.job_id = self.job_id, None
         if job_id is None:
             return
-        _run(["scancel", job_id])
+        cancel(job_id)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if job_states([job_id])[job_id].state not in _ALIVE_STATES:
+            if not alive(job_id):
                 return
             time.sleep(0.05)
 

@@ -33,13 +33,16 @@ def attach_heal_and_check(run, name: str, root) -> None:
         other.detach()
 
 
-def kill_processes_of(name: str) -> None:
-    """A failed test leaves no process carrying the run's id either."""
+def leave_nothing(run, name: str, release_cluster) -> None:
+    """A failed test leaves nothing either: what the cluster holds of the run (``release_cluster()``),
+    no process carrying the run's id, no log followed."""
+    release_cluster()
     for pid in processes_of(name):
         try:
             os.kill(pid, 9)
         except ProcessLookupError:
             pass
+    run.detach()
 
 
 def stop_and_nothing_left(run, name: str, root, cluster_empty) -> None:

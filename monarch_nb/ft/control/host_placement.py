@@ -25,7 +25,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 HOST_MODULE = "monarch_nb.ft.control.run_host"
 HOST_ENV = "MONARCH_NB_RUN_HOST"  # set in a run's host: a run placed on the cluster may start only there
@@ -67,28 +67,16 @@ def _start_on_slurm(asked: dict[str, Any], stem: Path, timeout: float, cluster: 
 
     ask, answer_file = Path(f"{stem}.ask.json"), Path(f"{stem}.answer.json")
     _write_private(ask, json.dumps(asked, default=str))
-    name = asked.get("run_name") or Path(str(asked.get("resume", "run"))).name
     try:
         job = slurm.submit_batch([sys.executable, "-m", HOST_MODULE, "--ask", str(ask), "--answer", str(answer_file)],
-                                 name=f"monarch_nb-host-{name}", log=Path(f"{stem}.log"),
+                                 name=f"monarch_nb-host-{_run_name(asked)}", log=Path(f"{stem}.log"),
                                  partition=cluster.get("partition"), time_limit=cluster.get("time_limit"))
     except slurm.SlurmError as exc:
         ask.unlink(missing_ok=True)
         return {"error": f"the run's host could not be placed on SLURM: {exc}"}
-    deadline = time.monotonic() + timeout
     try:
-        while time.monotonic() < deadline:
-            if answer_file.exists():
-                answer = json.loads(answer_file.read_text())
-                break
-            if not slurm.alive(job):
-                answer = {"error": f"the run's host (SLURM job {job}) ended without starting the run "
-                                   f"({slurm.job_states([job])[job].describe()}; its log: {stem}.log)"}
-                break
-            time.sleep(0.1)  # polling files and squeue: a batch job can tell us nothing else
-        else:
-            answer = {"error": f"the run's host (SLURM job {job}) did not start the run within {timeout:g} s; "
-                               f"cancelled it (its log: {stem}.log)"}
+        answer = _await_answer(answer_file, timeout, f"SLURM job {job}", "cancelled", Path(f"{stem}.log"),
+                               ended=lambda: None if slurm.alive(job) else slurm.job_states([job])[job].describe())
     finally:
         ask.unlink(missing_ok=True)
         answer_file.unlink(missing_ok=True)
@@ -104,7 +92,7 @@ def _start_on_kubernetes(asked: dict[str, Any], stem: Path, timeout: float, spec
     from ...jobs import local_k8s
     from ..settings.tinydata import cache_root, ensure_tinydata
 
-    name = asked.get("run_name") or Path(str(asked.get("resume", "run"))).name
+    name = _run_name(asked)
     job = khost.job_name(name)
     # how a client asks after it (the kernel's kubeconfig); the pod itself reads the API in-cluster
     placed = {"kubernetes_job": job, "namespace": spec.namespace, "kubeconfig": spec.kubeconfig, "context": spec.context}
@@ -120,25 +108,17 @@ def _start_on_kubernetes(asked: dict[str, Any], stem: Path, timeout: float, spec
                            env={**spec.env, "MONARCH_NB_CACHE": str(cache_root())} if shares_disk else dict(spec.env),
                            api_at_host_ip=spec.context == local_k8s.CONTEXT)
     target = kapi.ApiTarget(spec.namespace, spec.kubeconfig, spec.context)
-    answer: dict[str, Any] | None = None
     with kapi.api_client(target) as api:
+
+        def ended() -> str | None:
+            state = khost.state(api, spec.namespace, job)
+            return khost.pod_problem(api, spec.namespace, job) or (None if state in ("RUNNING", "PENDING") else state)
+
         try:
             kapi.require_namespace(api, target)
             kapi.apply(api, docs)
-            deadline = time.monotonic() + timeout
-            while answer is None and time.monotonic() < deadline:
-                if answer_file.exists():
-                    answer = json.loads(answer_file.read_text())
-                    break
-                state = khost.state(api, spec.namespace, job)
-                problem = khost.pod_problem(api, spec.namespace, job)
-                if state not in ("RUNNING", "PENDING") or problem:
-                    answer = {"error": f"the run's host (Kubernetes Job {spec.namespace}/{job}) ended without "
-                                       f"starting the run ({problem or state}; its log: {log})"}
-                time.sleep(0.2)  # polling a file and the API: the pod can tell us nothing else
-            if answer is None:
-                answer = {"error": f"the run's host (Kubernetes Job {spec.namespace}/{job}) did not start the run "
-                                   f"within {timeout:g} s; deleted it (its log: {log})"}
+            answer = _await_answer(answer_file, timeout, f"Kubernetes Job {spec.namespace}/{job}", "deleted", log,
+                                   ended=ended, poll=0.2)  # two API calls a look
         except kapi.KubernetesPodError as exc:
             answer = {"error": f"the run's host could not be placed on Kubernetes: {exc}"}
         finally:
@@ -147,6 +127,26 @@ def _start_on_kubernetes(asked: dict[str, Any], stem: Path, timeout: float, spec
         if "error" in answer:
             khost.delete(api, spec.namespace, job)
     return answer
+
+
+def _run_name(asked: dict[str, Any]) -> str:
+    return asked.get("run_name") or Path(str(asked.get("resume", "run"))).name
+
+
+def _await_answer(answer_file: Path, timeout: float, host: str, undone: str, log: Path,
+                  ended: Callable[[], str | None], poll: float = 0.1) -> dict[str, Any]:
+    """The host's answer (a file written whole), or why none will come: ``ended()`` says why the
+    cluster no longer runs it, or the timeout passed (the caller then ends the host: ``undone``)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if answer_file.exists():
+            return json.loads(answer_file.read_text())
+        why = ended()
+        if why:
+            return {"error": f"the run's host ({host}) ended without starting the run ({why}; its log: {log})"}
+        time.sleep(poll)  # polling a file and the cluster: a job or pod can tell us nothing else
+    return {"error": f"the run's host ({host}) did not start the run within {timeout:g} s; {undone} it "
+                     f"(its log: {log})"}
 
 
 def _write_private(path: Path, text: str) -> None:
@@ -203,6 +203,11 @@ def _target(host: dict[str, Any]) -> Any:
     return kapi.ApiTarget(host["namespace"], host.get("kubeconfig"), host.get("context"))
 
 
+def on_cluster(host: dict[str, Any]) -> bool:
+    """The host is a cluster's job (SLURM, Kubernetes), reached over TCP: no process of this machine's."""
+    return bool(host.get("slurm_job") or host.get("kubernetes_job"))
+
+
 def describe(host: dict[str, Any]) -> str:
     if host.get("kubernetes_job"):
         return f"Kubernetes Job {host['namespace']}/{host['kubernetes_job']} on {host.get('node')}"
@@ -213,7 +218,7 @@ def describe(host: dict[str, Any]) -> str:
 
 def wait_gone(host: dict[str, Any], timeout: float) -> None:
     """Until the host has exited (a local one's pidfd becomes readable; a SLURM job leaves squeue)."""
-    if host.get("slurm_job") or host.get("kubernetes_job"):
+    if on_cluster(host):
         deadline = time.monotonic() + timeout
         while alive(host) and time.monotonic() < deadline:
             time.sleep(0.1)

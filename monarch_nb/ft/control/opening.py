@@ -94,10 +94,9 @@ def recorded_fields(recorded: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in current_names(recorded).items() if k in fields}
 
 
-def resume_point(run_dir: str | Path, overrides: dict[str, Any]) -> tuple[RunConfig, Path, CheckpointInfo]:
-    """``FTRun.resume``'s checks: the run's directory and log, its saved config with
-    ``overrides`` applied, and its own newest complete checkpoint, written for this model."""
-    run_dir = Path(run_dir).resolve()
+def recorded_config(run_dir: Path, overrides: dict[str, Any]) -> RunConfig:
+    """A resume's first checks: the run's directory and log, and its saved config with
+    ``overrides`` applied (also where a detached run is placed again, before its host starts)."""
     log = run_dir / "events.jsonl"
     if not log.is_file():
         raise ValueError(f"resume: {run_dir} is not a run directory (no events.jsonl); pass the directory "
@@ -110,7 +109,14 @@ def resume_point(run_dir: str | Path, overrides: dict[str, Any]) -> tuple[RunCon
                          "run from another run's checkpoint, pass resume_from to a new FTRun instead")
     saved = recorded_fields(started[-1].config)  # type: ignore[attr-defined]
     saved.update(overrides, resume_from=None)  # where it started from is history now
-    cfg = RunConfig.from_dict(saved)
+    return RunConfig.from_dict(saved)
+
+
+def resume_point(run_dir: str | Path, overrides: dict[str, Any]) -> tuple[RunConfig, Path, CheckpointInfo]:
+    """``FTRun.resume``'s checks: the run's directory and log, its saved config with
+    ``overrides`` applied, and its own newest complete checkpoint, written for this model."""
+    run_dir = Path(run_dir).resolve()
+    cfg = recorded_config(run_dir, overrides)
     root = checkpoint_root(cfg.checkpoint_dir, run_dir)
     own_checkpoint(root, run_dir.name)
     checkpoint = latest_complete(root)

@@ -22,7 +22,7 @@ from ...telemetry.follow import follow
 from ..settings.config import RunConfig
 from . import host_placement
 from .groups import GAVE_UP, RETIRED, RETIRING, TERMINAL
-from .opening import recorded_fields
+from .opening import recorded_config, recorded_fields
 from .run_log import FromTheLog
 
 CONTROL_DIR = ".control"  # in the run directory: the socket, the token, and who hosts the run (run_host.py)
@@ -132,7 +132,7 @@ class RunClient(FromTheLog):
     @property
     def spawned_pids(self) -> list[int]:
         # a host on a cluster is no process of this machine's (in a pod its pid is 1 of the pod's own)
-        mine = [] if self.host.get("address") else [self.host_pid]
+        mine = [] if host_placement.on_cluster(self.host) else [self.host_pid]
         return mine + (list(self._call("spawned_pids")) if not self.stopped else [])
 
     def stop(self, reason: str = "stopped", save_timeout: float | None = None) -> Any:
@@ -156,7 +156,7 @@ class RunClient(FromTheLog):
 
     def _host_alive(self) -> bool:
         at, alive = self._alive_at
-        if (self.host.get("slurm_job") or self.host.get("kubernetes_job")) and time.monotonic() - at < 1.0:
+        if host_placement.on_cluster(self.host) and time.monotonic() - at < 1.0:
             return alive
         self._alive_at = (time.monotonic(), host_placement.alive(self.host))
         return self._alive_at[1]
@@ -204,10 +204,8 @@ def resume_detached(run_dir: str | Path, timeout: float | None = None, **overrid
     if run_dir.name in {r["name"] for r in live_runs(run_dir.parent)}:
         raise ValueError(f"run {run_dir.name!r} is live; `%monarch attach {run_dir.name}` gives it to this kernel")
     init = overrides.get("init_timeout_s") or 300.0
-    started = follow(run_dir / "events.jsonl").events(RunStarted)
-    recorded = RunConfig.from_dict(recorded_fields(started[-1].config)) if started else RunConfig()
     return _host({"resume": str(run_dir), "overrides": overrides}, str(run_dir.parent),
-                 timeout if timeout is not None else init + 120, _cluster(recorded.replace(**overrides)))
+                 timeout if timeout is not None else init + 120, _cluster(recorded_config(run_dir, overrides)))
 
 
 def _cluster(config: RunConfig) -> dict[str, Any] | None:
