@@ -1068,3 +1068,25 @@ def test_an_identity_check_retried_asks_the_groups_training_now_from_where_they_
     assert IdentityChecks(1, lambda e: None).request(
         lambda: alone[min(len(calls), 1)], lambda r, s: calls.append(r) or (None if r == 0 else False)) is None
     assert len(calls) == 2
+
+
+def test_a_rank_that_commits_a_step_after_waiting_for_a_peer_reports_training_with_that_step():
+    """A poll between a step's event and the loop's state update read the committed step with
+    "waiting_for_peer": the controller then took a group just resumed from a checkpoint for one
+    still lost and resumed every group again (test_durable, seen in CI). The state changes with
+    the event, under the same lock."""
+    import collections
+    import threading
+
+    from monarch_nb.ft.worker.trainer_actor import TrainerActor
+
+    rank = types.SimpleNamespace(_lock=threading.Lock(), _seq=0, _events=collections.deque(),
+                                 _state="waiting_for_peer")
+    TrainerActor._emit(rank, {"kind": "waiting_for_peer", "step": 10})
+    TrainerActor._emit(rank, {"kind": "step", "step": 11, "committed": False})
+    assert rank._state == "waiting_for_peer", "a step not committed (provisional) does not end the wait"
+    TrainerActor._emit(rank, {"kind": "step", "step": 11, "committed": True})
+    assert rank._state == "training"
+    rank._state = "stalled"
+    TrainerActor._emit(rank, {"kind": "step", "step": 12, "committed": True})
+    assert rank._state == "stalled", "only the wait ends with a step; a stall is the ladder's to end"

@@ -76,6 +76,12 @@ class TrainerActor(Actor):
         with self._lock:
             self._seq += 1
             self._events.append((self._seq, event))
+            if self._state == "waiting_for_peer" and event.get("kind") == "step" and event.get("committed"):
+                # Trains again, with this step's event: the loop sets the state only once the step
+                # returns, and a poll in between read the step with "waiting_for_peer" - the
+                # controller then took a group that had just resumed from a checkpoint for one
+                # still lost, and resumed every group a second time.
+                self._state = "training"
 
     def _fault_point(self, step: int) -> None:
         with self._lock:
