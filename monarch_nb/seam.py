@@ -260,6 +260,15 @@ def shutdown_manager(manager: Any) -> None:
     close_http_transport(manager._checkpoint_transport)
 
 
+def silence_manager(manager: Any) -> bool:
+    """Stop a Manager's ManagerServer (group rank 0), and so its heartbeats to the Lighthouse,
+    keeping its process group: the rest of ``Manager.shutdown`` happens later. Whether it did."""
+    server = getattr(manager, "_manager", None)
+    if server is not None:
+        server.shutdown()
+    return server is not None
+
+
 GHOST_MARGIN_S = 0.2  # a heartbeat in flight when the server stopped, and the Lighthouse's tick
 
 

@@ -232,6 +232,15 @@ def test_global_loss_is_the_mean_of_committed_losses_per_step():
     assert len(m.loss_series()[0]) == 3  # the dropped step is kept per group, not in the global line
 
 
+def test_a_drained_groups_last_step_is_not_drawn_as_a_dropped_step():
+    from monarch_nb.notebook.dashboard_curves import LossCurves
+
+    curves = LossCurves()
+    curves.add(Step(t=T0, replica=1, step=7, loss=2.0, tokens_per_s=1.0, committed=False, left=True))
+    curves.add(Step(t=T0, replica=2, step=7, loss=2.0, tokens_per_s=1.0, committed=False))
+    assert 1 not in curves.dropped and list(curves.dropped[2]) == [(7, 2.0)]
+
+
 def test_replicas_identical_shows_in_the_event_log():
     m = model_of(healthy_run() + [ReplicasIdentical(t=T0 + 50, step=9, identical=True, hashes={"0": "a"})])
     assert "bit-identical" in m.event_log()[-1].text

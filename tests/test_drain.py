@@ -42,6 +42,11 @@ def test_a_drained_group_is_replaced_from_a_spare_before_it_leaves_and_nothing_i
         assert not [e for e in run.events.events(FailureDetected) if e.t >= since]  # a move, not a failure
         left = next(e for e in run.events.events(ReplicaState) if e.replica == 1 and e.state == "retired")
         assert left.t >= first, (left, first)  # it left after its replacement committed
+        final = max((e for e in run.events.events(Step) if e.replica == 1 and e.t >= since), key=lambda e: e.step)
+        # its last step: averaged, silent to the Lighthouse since its quorum, gone without a commit
+        assert final.left and not final.committed, final
+        theirs = next(e for e in run.events.events(Step) if e.replica == 0 and e.step == final.step)
+        assert theirs.committed and theirs.participants == 3, theirs  # its gradients are in the survivor's step
         ours = sorted(e.step for e in run.events.events(Step) if e.replica == 0 and e.t >= since)
         assert ours == list(range(ours[0], ours[-1] + 1)), ours  # the survivor committed every step
         assert all(e.committed for e in run.events.events(Step) if e.replica == 0 and e.t >= since)

@@ -1090,3 +1090,18 @@ def test_a_rank_that_commits_a_step_after_waiting_for_a_peer_reports_training_wi
     rank._state = "stalled"
     TrainerActor._emit(rank, {"kind": "step", "step": 12, "committed": True})
     assert rank._state == "stalled", "only the wait ends with a step; a stall is the ladder's to end"
+
+
+@pytest.mark.parametrize("group_size, later, heals, quiet", [
+    (1, False, [], True),
+    (2, False, [], False),  # its other ranks still ask rank 0's ManagerServer
+    (1, True, [], False),  # a meeting or an async quorum still to come
+    (1, False, [2], False),  # a peer heals from it in this quorum
+])
+def test_a_leaving_group_goes_quiet_at_its_last_quorum_only_where_nothing_needs_its_manager_server(
+        group_size, later, heals, quiet):
+    from monarch_nb.ft.worker.torchft_replication import may_go_quiet
+
+    q = types.SimpleNamespace(recover_dst_replica_ranks=heals)
+    assert may_go_quiet(q, group_size, later) is quiet
+    assert may_go_quiet(None, group_size, later) is False

@@ -138,7 +138,7 @@ class LossCurves:
 
     def add(self, e: Step) -> None:
         """One reported step of one group: on its line, and on the global one once committed."""
-        if not e.committed:
+        if not e.committed and not e.left:  # a drained group's last step (averaged, then it left) is not dropped
             self.dropped.setdefault(e.replica, deque(maxlen=DROPPED_KEPT)).append((e.step, e.loss))
         self.loss.setdefault(e.replica, deque(maxlen=self.loss_kept)).append((e.step, e.loss, e.committed))
         self._points += 1

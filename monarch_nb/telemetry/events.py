@@ -389,6 +389,7 @@ class Step(Event):
     average_s: float | None = None
     commit_s: float | None = None
     synced: bool | None = None  # LocalSGD / DiLoCo: the groups met in this step (False: the meeting failed)
+    left: bool | None = None  # the group's last step before it left (a drain): averaged, then gone without commit
 
 
 @dataclass(frozen=True, kw_only=True)

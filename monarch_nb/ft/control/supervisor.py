@@ -345,7 +345,7 @@ class Supervisor:
         self.call(g, "retire", timeout=10.0)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            result = self.session.deadline(g.actors, 5.0).poll.gather()
+            result = self.poll(g, 5.0)  # its last step's record too (it left without committing)
             if result.values and all(v.get("state") == "retired" for v in result.values.values()):
                 break
             if result.errors or g.failure is not None:

@@ -116,7 +116,7 @@ class EventIngest:
                        tokens_per_s=float(ev["tokens_per_s"]), committed=bool(ev["committed"]),
                        quorum_id=ev.get("quorum_id"), participants=ev.get("participants"),
                        quorum_s=ev.get("quorum_s"), average_s=ev.get("average_s"), commit_s=ev.get("commit_s"),
-                       synced=ev.get("synced"))
+                       synced=ev.get("synced"), left=ev.get("left"))
             if ev["committed"] and replica in self._failed_at:
                 # Normally after a "healed"; with no live peer to heal from (every group was
                 # down) the first committed step is the rejoin all the same.

@@ -83,10 +83,14 @@ class DurableCheckpointer:
         # (step, DCP's future, start, stall, bytes, when the write ended, the meta of the step)
         self._pending: tuple[int, Future, float, float, int, list[float], dict[str, Any]] | None = None
 
+    def due(self, step: int, saver: bool) -> bool:
+        """Whether committing ``step`` starts a save here."""
+        return saver and step % self.every == 0
+
     def after_commit(self, step: int, saver: bool) -> None:
         """Called after every committed step: finish a save that is done, start one when due."""
         self._finish_if_done()
-        if not saver or step % self.every:
+        if not self.due(step, saver):
             return
         if self._pending is not None:  # the previous save is still writing: skip this one
             self._failed(step, f"skipped: the save of step {self._pending[0]} is still writing")

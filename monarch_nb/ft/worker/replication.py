@@ -108,6 +108,12 @@ class Replication(ABC):
         the process)."""
         raise RuntimeError(f"{type(self).__name__} cannot rebuild its communicator in place")
 
+    def go_quiet(self) -> bool:
+        """This group leaves after this step: stop telling the quorum's keeper it is alive, while
+        its connections stay up for this step's average. True if it did; then the step must not
+        be committed (what commits it is gone). The default: it cannot."""
+        return False
+
     @abstractmethod
     def shutdown(self) -> None:
         """Leave the run."""

@@ -48,6 +48,24 @@ def _replica_index(replica_id: str) -> int | None:
     return int(digits) if digits else None
 
 
+def may_go_quiet(q: Any, group_size: int, quorum_later: bool) -> bool:
+    """Whether a group leaving after this step may stop its ManagerServer (its heartbeats) now.
+    The Lighthouse counts a group until its heartbeats have been silent ``heartbeat_timeout_ms``:
+    a group that stopped after its last step kept the others' next quorum waiting that long;
+    silenced once its last quorum formed, the window runs during its last step. Only where
+    nothing else needs the server: one rank (others would still ask it), a quorum that formed
+    (``quorum_later``: a meeting or an async quorum still to come), no peer told to heal from it."""
+    return group_size == 1 and not quorum_later and q is not None and not list(q.recover_dst_replica_ranks)
+
+
+def is_saver(q: Any, replica: int) -> bool:
+    """The lowest-numbered group of the quorum saves durable checkpoints: every group knows
+    the quorum, so exactly one of them saves without anyone telling it."""
+    members = [_replica_index(r) for r in q.replica_ids] if q is not None else []
+    members = [m for m in members if m is not None]
+    return not members or replica == min(members)
+
+
 class TorchftReplication(Replication):
     """Rank ``parts.rank`` of group ``replica`` under a torchft Manager that joins the
     Lighthouse at ``lighthouse``; heals load into ``state``. ``phase`` is called with the name
@@ -287,7 +305,7 @@ class TorchftReplication(Replication):
                         "own_store": f"{self.parts.store_host}:{self.parts.store_port}",
                         "replica": self.replica, "rank": self.rank, "t": time.time()})
         healed = self._report_heal(q, last_commit)  # q: torchft's QuorumResult (its private _torchft)
-        return StepQuorum(participants, self._last_quorum_id, healed, self._is_saver(q))
+        return StepQuorum(participants, self._last_quorum_id, healed, is_saver(q, self.replica))
 
     def _report_heal(self, q: Any, last_commit: tuple[int, float] | None) -> bool:
         """The ``healed`` event, when this quorum healed us; True if it did."""
@@ -309,13 +327,6 @@ class TorchftReplication(Replication):
                     "source_replica": src, "from_step": last_step, **recv.get("striped", {}),
                     "unheard_s": None if last_t is None else time.time() - last_t, "t": time.time()})
         return True
-
-    def _is_saver(self, q: Any) -> bool:
-        """The lowest-numbered group of the quorum saves durable checkpoints: every group knows
-        the quorum, so exactly one of them saves without anyone telling it."""
-        members = [_replica_index(r) for r in q.replica_ids] if q is not None else []
-        members = [m for m in members if m is not None]
-        return not members or self.replica == min(members)
 
     def _comms_retry(self, reason: str, rebuild: bool, request_may_linger: bool = False,
                      backoff: bool = True) -> NoStep:
@@ -384,6 +395,11 @@ class TorchftReplication(Replication):
             self._new_manager()
         self._comms_retries, self._retry_quorum_id = 0, None
         return kept
+
+    def go_quiet(self) -> bool:
+        """torchft has no leave call: silent from this step's quorum on (see ``may_go_quiet``)."""
+        late = self.semi is not None or self.asynchronous
+        return may_go_quiet(self.quorum_recorder.last, self.parts.group_size, late) and seam.silence_manager(self.manager)
 
     def shutdown(self) -> None:
         self._left = True

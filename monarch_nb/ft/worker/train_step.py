@@ -69,6 +69,9 @@ class TrainStep:
         self._waiting = False
         self._pending_load: str | None = None
         self._loaded_step: int | None = None
+        # The group leaves after this step (a drain, a scale-down): its gradients count in the
+        # step's average and it goes quiet to the Lighthouse at its quorum (Replication.go_quiet).
+        self.leaving = False
 
     def attach(self, replica: int, replication: Replication) -> None:
         """This rank is now of group ``replica``, averaging through ``replication``."""
@@ -113,6 +116,10 @@ class TrainStep:
             return self._wait(MustWait("waiting_for_peer", {"min_step": self.min_step}))
         self._waiting = False
         step = repl.current_step() + 1
+        # Its last step (it leaves, see ``leaving``): silent to the Lighthouse from here, unless
+        # the save of this step would be its own to write.
+        quiet = (self.leaving and not quorum.pending
+                 and not (self.durable is not None and self.durable.due(step, quorum.saver)) and repl.go_quiet())
         # A step whose gradient average failed (a peer died in it) is retried with the gradients
         # already computed: data is a pure function of the step, and the parameters have not
         # changed, so recomputing would give the same numbers one step time later.
@@ -131,7 +138,7 @@ class TrainStep:
         model = self.parts.model
         torch.nn.utils.clip_grad_norm_([p for p in model.parameters()], self.max_norm, foreach=True)
         t_commit = time.time()
-        committed = repl.should_commit()
+        committed = False if quiet else repl.should_commit()  # a quiet group's gradients counted; it leaves
         commit_s = time.time() - t_commit
         quorum = repl.settle(quorum, self.last_commit)
         if committed:
@@ -148,7 +155,8 @@ class TrainStep:
                "loss": retry.loss, "committed": bool(committed),
                "tokens_per_s": retry.tokens / max(retry.compute_s, 1e-9), "seconds": t1 - t0,
                "quorum_id": quorum.quorum_id, "participants": quorum.participants,
-               "quorum_s": t_quorum - t0, "average_s": average_s, "commit_s": commit_s, "t": t1}
+               "quorum_s": t_quorum - t0, "average_s": average_s, "commit_s": commit_s, "left": quiet or None,
+               "t": t1}
         self._emit(rec)
         return rec
 

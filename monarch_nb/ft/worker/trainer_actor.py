@@ -77,11 +77,7 @@ class TrainerActor(Actor):
             self._seq += 1
             self._events.append((self._seq, event))
             if self._state == "waiting_for_peer" and event.get("kind") == "step" and event.get("committed"):
-                # Trains again, with this step's event: the loop sets the state only once the step
-                # returns, and a poll in between read the step with "waiting_for_peer" - the
-                # controller then took a group that had just resumed from a checkpoint for one
-                # still lost, and resumed every group a second time.
-                self._state = "training"
+                self._state = "training"  # with its event: a poll must not read both (test_ft_units)
 
     def _fault_point(self, step: int) -> None:
         with self._lock:
@@ -114,8 +110,7 @@ class TrainerActor(Actor):
             if self._failure is None:
                 self._failure = reason
             self._state = "failed"
-        # Leave the quorum now: stop heartbeating and drop our sockets, so that peers
-        # waiting on us in a collective fail fast instead of waiting out the timeout.
+        # Leave the quorum now (no heartbeat, no sockets): peers blocked on us fail fast, not at the timeout.
         try:
             self.trainer.abort_comms()
         except Exception:
@@ -174,10 +169,11 @@ class TrainerActor(Actor):
         self._state = "training"
         try:
             while not self._stop.is_set():
-                if self._retire.is_set():  # leave at a step boundary: nothing half-done
+                if self._retire.is_set() and self.trainer.steps.leaving:  # at a step boundary, its last one done
                     self.trainer.shutdown()
                     self._state = "retired"
                     break
+                self.trainer.steps.leaving = self._retire.is_set()  # one last step, its gradients averaged
                 if self._max_steps is not None and self.trainer.current_step() >= self._max_steps:
                     self._state = "finished"
                     break
@@ -227,8 +223,7 @@ class TrainerActor(Actor):
 
     @endpoint
     def activate(self, replica: int, lighthouse: str, attempt: int = 0) -> float:
-        """A warm spare becomes rank ``rank`` of replica group ``replica``: it gets its torchft
-        Manager (it joins the next quorum and heals from a peer there). Returns seconds taken."""
+        """A warm spare becomes rank ``rank`` of group ``replica``, with a torchft Manager (it heals at its first quorum)."""
         if self.replica is not None:
             raise RuntimeError(f"this trainer is already replica {self.replica}")
         seconds = self.trainer.join(replica, lighthouse)
@@ -259,7 +254,7 @@ class TrainerActor(Actor):
 
     @endpoint
     def retire(self) -> bool:
-        """Leave the run after the current step (elastic scale-down): not a failure."""
+        """Leave the run after one more step, its gradients averaged (a drain, a scale-down): not a failure."""
         self._retire.set()
         return True
 
