@@ -6,7 +6,10 @@ record: ``seconds`` (draining -> drained), ``lost_steps`` (steps a survivor did 
 skipped, while the move ran), ``stall_steps`` (the survivors' longest wait between two committed
 steps from draining until 3 steps after drained, in median steps of the warm-up, less the one step
 it is anyway; ``stall_join_steps`` before the group was told to leave, while the replacement
-joined and healed, and ``stall_leave_steps`` after), ``identical`` (every group's digests at a common step after it), ``from_spare``.
+joined and healed, and ``stall_leave_steps`` after), ``wait_join_steps`` / ``wait_leave_steps`` (the
+survivor's longest wait for the others in one step - quorum, gradient average, commit - beyond its
+usual wait, in median steps: the stall without the slower compute of one more group on this host's
+cores), ``identical`` (every group's digests at a common step after it), ``from_spare``.
 
     python bench/bench_drain.py [--quick] [--replicas 3] [--spares 0,1] [--repeats 2] [--heartbeat-timeout-ms N]
                                 [--seq-len N] [--batch-size N]
@@ -28,6 +31,15 @@ AFTER_STEPS = 3  # steps past the move kept in the window
 sys.path.insert(0, str(REPO))
 
 
+def _waited(e) -> float:
+    """What a survivor's step spent waiting for the others: its quorum, gradient average and commit."""
+    return (e.quorum_s or 0.0) + (e.average_s or 0.0) + (e.commit_s or 0.0)
+
+
+def _in_steps(extra: list[float], step_s: float) -> float | None:
+    return round(max(extra or [0.0]) / step_s, 2) if step_s > 0 else None
+
+
 def one_run(spares: int, a: argparse.Namespace, root: str) -> list[dict]:
     from monarch_nb.ft import FTRun, RunConfig
     from monarch_nb.ft.control.waiting import wait_for_spares
@@ -47,8 +59,10 @@ def one_run(spares: int, a: argparse.Namespace, root: str) -> list[dict]:
                 wait_for_spares(run, timeout=600)
             t_warm = time.time()
             run.wait_for_step(max(g.step for g in run.groups.active()) + 10, timeout=300)
-            warm = [e.t for e in run.events.events(Step) if e.replica == 0 and e.committed and e.t >= t_warm]
+            warm_steps = [e for e in run.events.events(Step) if e.replica == 0 and e.committed and e.t >= t_warm]
+            warm = [e.t for e in warm_steps]
             step_s = statistics.median(b - a_ for a_, b in zip(warm, warm[1:]))
+            usual_wait = statistics.median(_waited(e) for e in warm_steps)
             since = time.time()
             moved = run.drain(victim, timeout=600)
             survivors = [g.index for g in run.groups.active() if g.index not in (victim, moved.replacement)]
@@ -68,12 +82,15 @@ def one_run(spares: int, a: argparse.Namespace, root: str) -> list[dict]:
                          if e.replica == victim and e.state == "retiring" and e.t >= since), moved.t)
             join = [b - a_ for a_, b in gaps if b <= left] or [0.0]
             leave = [b - a_ for a_, b in gaps if b > left] or [0.0]
+            waits = [(e.t, _waited(e) - usual_wait) for e in mine]
             same = run.check_identical(timeout=180)
             records.append({"spares": spares, "replicas": a.replicas, "model": a.model, "seconds": moved.seconds,
                             "seq_len": run.config.seq_len, "batch_size": run.config.batch_size,
                             "lost_steps": lost, "stall_steps": round(stall, 2) if stall is not None else None,
                             "stall_join_steps": round(max(join) / step_s - 1, 2) if step_s > 0 else None,
                             "stall_leave_steps": round(max(leave) / step_s - 1, 2) if step_s > 0 else None,
+                            "wait_join_steps": _in_steps([w for t, w in waits if t <= left], step_s),
+                            "wait_leave_steps": _in_steps([w for t, w in waits if t > left], step_s),
                             "identical": bool(same is not None and same.identical), "from_spare": moved.from_spare,
                             "step_s": step_s, "heartbeat_timeout_ms": run.config.heartbeat_timeout_ms,
                             # any failure in the run so far (a lower heartbeat timeout may count a live group out)
@@ -107,7 +124,8 @@ def main() -> None:
         rows = [r for r in records if r["spares"] == spares]
         summary.append(f"spares={spares}: moved in {statistics.median(r['seconds'] for r in rows):.1f} s (median of "
                        f"{len(rows)}), lost steps {max(r['lost_steps'] for r in rows)}, survivors' longest stall "
-                       f"{max(r['stall_steps'] for r in rows):.1f} steps, identical "
+                       f"{max(r['stall_steps'] for r in rows):.1f} steps (longest wait for the others "
+                       f"{max(max(r['wait_join_steps'], r['wait_leave_steps']) for r in rows):.1f}), identical "
                        f"{all(r['identical'] for r in rows)}")
     print("\n".join(summary))
     if a.out:
