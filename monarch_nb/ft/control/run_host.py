@@ -19,6 +19,7 @@ The socket (``control.sock``) is created 0600 and every connection must also pro
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import os
 import secrets
@@ -115,6 +116,9 @@ def main(argv: list[str] | None = None) -> int:
     run.events.subscribe(lambda e: stopped.set() if isinstance(e, RunStopped) else None)
     signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=run.stop, args=("the run's host was "
                                                                                      "terminated",)).start())
+    # Ended before it answered (a start that timed out): every thread's stack goes to its log at
+    # once - from the signal itself, since the main thread may be blocked where Python cannot run.
+    faulthandler.register(signal.SIGTERM, file=sys.stderr, all_threads=True, chain=True)
     try:
         listener = serve(run, stopped, tcp=opts.ask is not None)
         run.start()
@@ -132,6 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     os.chmod(control_dir(run.run_dir) / HOST, 0o644)
     host_placement.answer(opts.answer, host, handshake)
     handshake.close()
+    faulthandler.unregister(signal.SIGTERM)  # a SIGTERM now is the run's stop (scancel, a deleted Job)
     stopped.wait()
     listener.close()
     for name in (SOCKET, TOKEN, HOST):
