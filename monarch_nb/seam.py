@@ -248,18 +248,6 @@ def close_http_transport(transport: Any) -> None:
     server.server_close()
 
 
-def shutdown_manager(manager: Any) -> None:
-    """Shut a torchft Manager down without waiting for its executor, closing its checkpoint
-    server too (see ``close_http_transport``). Its ManagerServer (group rank 0 only) stops
-    first: ``Manager.shutdown`` stops it only after the transport, so a transport that fails
-    to stop would leave it heartbeating to the Lighthouse for good."""
-    server = getattr(manager, "_manager", None)
-    if server is not None:
-        server.shutdown()
-    manager.shutdown(wait=False)
-    close_http_transport(manager._checkpoint_transport)
-
-
 def silence_manager(manager: Any) -> bool:
     """Stop a Manager's ManagerServer (group rank 0), and so its heartbeats to the Lighthouse,
     keeping its process group: the rest of ``Manager.shutdown`` happens later. Whether it did."""
@@ -267,6 +255,16 @@ def silence_manager(manager: Any) -> bool:
     if server is not None:
         server.shutdown()
     return server is not None
+
+
+def shutdown_manager(manager: Any) -> None:
+    """Shut a torchft Manager down without waiting for its executor, closing its checkpoint
+    server too (see ``close_http_transport``). Its ManagerServer (group rank 0 only) stops
+    first: ``Manager.shutdown`` stops it only after the transport, so a transport that fails
+    to stop would leave it heartbeating to the Lighthouse for good."""
+    silence_manager(manager)
+    manager.shutdown(wait=False)
+    close_http_transport(manager._checkpoint_transport)
 
 
 GHOST_MARGIN_S = 0.2  # a heartbeat in flight when the server stopped, and the Lighthouse's tick

@@ -502,7 +502,6 @@ def check_job_fields(config: "RunConfig") -> None:
 def kubernetes_spec(config: "RunConfig") -> Any:
     """What each group's pod set asks for (job="kubernetes"): one pod of ``group_size`` processes."""
     from ...jobs.kubernetes import KubernetesSpec
-
     from ...jobs.kubernetes_host import in_host_pod
 
     if config.kubernetes is None:
